@@ -1,0 +1,202 @@
+"""The `Trainer` contract every framework adapter implements, and the run settings it receives.
+
+A trainer is built inside one worker process (one rank). The worker (adapters/worker.py) owns
+timing, repeats, progress, fault injection and the result record; the trainer owns only the
+framework: the model built from the shared description, the optimizer, the input pipeline
+and the gradient aggregation scheme. This split keeps every framework's numbers produced by
+the same measuring code.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; written by the launcher as RUN.json, read by every rank."""
+
+    run_id: str
+    framework: str
+    mode: str
+    model: str
+    batch_per_worker: int
+    campaign: str = "adhoc"
+    config_hash: str = ""
+    device: str = "cpu"  # cpu or gpu
+    nodes: int = 1
+    workers_per_node: int = 1
+    warmup: int = 2
+    iterations: int = 10
+    repeats: int = 3
+    profile_iterations: int = 4
+    data: str = "synthetic"  # synthetic or files
+    data_dir: str = ""
+    layout: str = "NCHW"
+    dtype: str = "float32"
+    dropout: bool = True
+    seed: int = 0
+    lr: float = 0.01
+    momentum: float = 0.9
+    threads_per_worker: int = 1
+    loader_workers: int = 2
+    options: dict = field(default_factory=dict)  # adapter-specific (channels_last, ...)
+    record_path: str = ""
+    rank_dir: str = ""
+    git_revision: str = ""
+    bandwidth: str | None = None
+    latency: str | None = None
+    fault: dict | None = None  # test-only: {"kind": "crash"|"hang", "rank": r, "at": step}
+    check: dict | None = None  # equivalence mode: {"steps": n, "out_dir": path}
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_per_worker
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "RunConfig":
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown run settings in {path}: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the job; the launcher sets DLC_* beside the framework's own
+    rendezvous variables so every adapter reads its rank the same way."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "DistInfo":
+        return cls(
+            rank=int(os.environ.get("DLC_RANK", "0")),
+            world_size=int(os.environ.get("DLC_WORLD_SIZE", "1")),
+            local_rank=int(os.environ.get("DLC_LOCAL_RANK", "0")),
+        )
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+class FrameworkUnavailable(RuntimeError):
+    """The framework (or the asked-for device or mode) cannot run in this environment."""
+
+
+class Trainer(abc.ABC):
+    """One rank's synchronous SGD trainer for one model in one framework.
+
+    Lifecycle: construct (build model, join the process group, set up data) ->
+    `load_weights(canonical)` -> any number of `step()` / `profile_step()` -> `close()`.
+    Weights and gradients cross the boundary as NumPy arrays in the canonical layout of
+    models/ (conv OIHW, linear (out, in), names `layer.weight`), so every framework can start
+    from the same numbers and be compared to every other.
+    """
+
+    def __init__(self, spec, config: RunConfig, dist: DistInfo):
+        self.spec = spec
+        self.config = config
+        self.dist = dist
+
+    @abc.abstractmethod
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Set parameters and buffers from canonical NumPy arrays."""
+
+    @abc.abstractmethod
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """Parameters and buffers as canonical NumPy arrays."""
+
+    @abc.abstractmethod
+    def gradients(self, images: np.ndarray, labels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        """Loss and this rank's local (not aggregated) gradients on a given NCHW batch,
+        without updating weights: the cross-framework equivalence check compares these."""
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """One synchronous SGD iteration on the framework's fast path: next batch, forward,
+        backward, gradient aggregation, update. Adds no synchronisation of its own."""
+
+    @abc.abstractmethod
+    def profile_step(self, overlapped: bool) -> dict[str, float]:
+        """The same iteration with the device synchronised around each phase.
+
+        With `overlapped=False` returns seconds for io, h2d, forward, backward, comm, update,
+        communication run after backward so the two are separable. With `overlapped=True`
+        communication runs the framework's normal way (overlapped where it overlaps) and the
+        dict holds io, h2d, forward, backward_comm, update; the worker derives the overlap
+        from the two kinds.
+        """
+
+    @abc.abstractmethod
+    def last_loss(self) -> float:
+        """Loss of the latest step (may synchronise the device)."""
+
+    def sync(self) -> None:
+        """Wait for queued device work; a no-op where execution is synchronous."""
+
+    def barrier(self) -> None:
+        """Wait for every rank; a no-op for one rank."""
+
+    def versions(self) -> dict[str, str]:
+        """Framework and library versions for the result record."""
+        return {}
+
+    def device_name(self) -> str:
+        """The compute device's name for the result record."""
+        return cpu_name()
+
+    def describe(self) -> dict:
+        """Adapter-specific facts for the record's `extra` (bucket sizes, backend, ...)."""
+        return {}
+
+    def close(self) -> None:
+        """Leave the process group and free the device."""
+
+
+class PhaseTimer:
+    """Successive laps of wall time, the device synchronised before each reading."""
+
+    def __init__(self, sync):
+        self.sync = sync
+        self.laps: dict[str, float] = {}
+        sync()
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        self.sync()
+        now = time.perf_counter()
+        self.laps[name] = now - self.last
+        self.last = now
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

@@ -1,0 +1,305 @@
+"""PyTorch adapter: one process per worker, DistributedDataParallel over gloo (CPU) or NCCL (GPU).
+
+DDP is PyTorch's idiomatic data-parallel scheme: gradients are bucketed (25 MB by default)
+and each bucket is all-reduced from an autograd hook as soon as backward has filled it, so
+communication overlaps the rest of backward. With one worker the model is not wrapped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer
+from adapters.data import SyntheticBatches, decode_jpeg, list_jpeg_dataset
+from models import layers as L
+
+
+# ----------------------------------------------------------------------------- model builder
+
+class Network(nn.Module):
+    """The shared description executed in PyTorch.
+
+    Leaves live in one flat ModuleDict keyed by the description's layer names, so the state
+    dict names are exactly the canonical names (`conv1.weight`) and no mapping table is needed;
+    `forward` walks the description's tree (Sequential / Concat / Residual) over those leaves.
+    """
+
+    def __init__(self, spec, dropout: bool):
+        super().__init__()
+        self.spec = spec
+        self.leaves = nn.ModuleDict()
+        self._build(spec.root, spec.input_shape, dropout)
+
+    def _build(self, node, shape, dropout):
+        """Create leaf modules depth-first; returns the node's output shape."""
+        if isinstance(node, L.Sequential):
+            for child in node.layers:
+                shape = self._build(child, shape, dropout)
+            return shape
+        if isinstance(node, (L.Concat, L.Residual)):
+            children = node.branches if isinstance(node, L.Concat) else (
+                (node.body,) + ((node.shortcut,) if node.shortcut is not None else ()))
+            for child in children:
+                self._build(child, shape, dropout)
+            return self.spec.output_shape(node, shape)
+        self.leaves[node.name] = make_leaf(node, shape, dropout)
+        return self.spec.output_shape(node, shape)
+
+    def forward(self, x):
+        return self._run(self.spec.root, x)
+
+    def _run(self, node, x):
+        if isinstance(node, L.Sequential):
+            for child in node.layers:
+                x = self._run(child, x)
+            return x
+        if isinstance(node, L.Concat):
+            return torch.cat([self._run(branch, x) for branch in node.branches], dim=1)
+        if isinstance(node, L.Residual):
+            shortcut = x if node.shortcut is None else self._run(node.shortcut, x)
+            return self._run(node.body, x) + shortcut
+        return self.leaves[node.name](x)
+
+
+def make_leaf(layer, in_shape, dropout: bool) -> nn.Module:
+    channels = in_shape[0]
+    if isinstance(layer, L.Conv2d):
+        return nn.Conv2d(channels, layer.out_channels, layer.kernel, layer.stride, layer.pad,
+                         groups=layer.groups, bias=layer.bias)
+    if isinstance(layer, L.Pool2d):
+        return make_pool(layer)
+    if isinstance(layer, L.LRN):
+        # torch's LRN divides alpha by size like Caffe's ACROSS_CHANNELS LRN.
+        return nn.LocalResponseNorm(layer.size, layer.alpha, layer.beta, layer.k)
+    if isinstance(layer, L.ReLU):
+        return nn.ReLU(inplace=True)
+    if isinstance(layer, L.Dropout):
+        return nn.Dropout(layer.p) if dropout and layer.p > 0 else nn.Identity()
+    if isinstance(layer, L.BatchNorm):
+        # Canonical momentum is the running-average factor (Caffe); torch's is its complement.
+        return nn.BatchNorm2d(channels, eps=layer.eps, momentum=1.0 - layer.momentum)
+    if isinstance(layer, L.Linear):
+        return nn.Linear(int(np.prod(in_shape)), layer.out_features, bias=layer.bias)
+    if isinstance(layer, L.Flatten):
+        return nn.Flatten()
+    raise TypeError(f"no PyTorch builder for {type(layer).__name__}")
+
+
+def make_pool(layer) -> nn.Module:
+    if layer.global_pool:
+        return nn.AdaptiveMaxPool2d(1) if layer.mode == "max" else nn.AdaptiveAvgPool2d(1)
+    # ceil_mode reproduces Caffe's output size rule, including its last-window clipping.
+    if layer.mode == "max":
+        return nn.MaxPool2d(layer.kernel, layer.stride, layer.pad, ceil_mode=True)
+    return nn.AvgPool2d(layer.kernel, layer.stride, layer.pad, ceil_mode=True)
+
+
+# ----------------------------------------------------------------------------- input pipelines
+
+class JpegDataset(torch.utils.data.Dataset):
+    """The generated class-folder JPEGs, decoded with Pillow in DataLoader worker processes."""
+
+    def __init__(self, root: str, height: int, width: int):
+        self.items = list_jpeg_dataset(root)
+        self.height, self.width = height, width
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        path, label = self.items[index]
+        return torch.from_numpy(decode_jpeg(path, self.height, self.width)), label
+
+
+def endless(loader, sampler):
+    """Iterate a DataLoader forever, advancing the sampler's epoch so shuffles differ."""
+    epoch = 0
+    while True:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def synthetic_tensors(batches: SyntheticBatches, pin: bool):
+    for images, labels in batches:
+        images, labels = torch.from_numpy(images), torch.from_numpy(labels)
+        yield (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
+
+
+# ----------------------------------------------------------------------------- trainer
+
+class TorchTrainer(Trainer):
+    def __init__(self, spec, config: RunConfig, dist_info: DistInfo):
+        super().__init__(spec, config, dist_info)
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(max(1, config.threads_per_worker))
+        self.device = self._select_device()
+        self.channels_last = bool(config.options.get("channels_last", False))
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = bool(config.options.get("cudnn_benchmark", True))
+        self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        self.network = Network(spec, config.dropout).to(self.device, memory_format=self.memory_format)
+        self.model = self._wrap_distributed(self.network)
+        self.optimizer = torch.optim.SGD(self.network.parameters(), lr=config.lr,
+                                         momentum=config.momentum)
+        self.batches = self._input_pipeline()
+        self._loss = None
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _select_device(self) -> torch.device:
+        if self.config.device == "gpu":
+            if not torch.cuda.is_available():
+                raise FrameworkUnavailable("--device gpu asked, but torch sees no CUDA GPU")
+            torch.cuda.set_device(self.dist.local_rank)
+            return torch.device("cuda", self.dist.local_rank)
+        return torch.device("cpu")
+
+    def _wrap_distributed(self, network):
+        if not self.dist.distributed:
+            return network
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=self.dist.rank, world_size=self.dist.world_size)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(network, device_ids=device_ids)
+
+    def _input_pipeline(self):
+        pin = self.device.type == "cuda"
+        if self.config.data == "synthetic":
+            return synthetic_tensors(SyntheticBatches(
+                self.spec, self.config.batch_per_worker, self.dist.rank, self.dist.world_size,
+                self.config.seed), pin)
+        _, height, width = self.spec.input_shape
+        dataset = JpegDataset(self.config.data_dir, height, width)
+        if len(dataset) < self.config.global_batch:
+            raise ValueError(f"data set of {len(dataset)} images is smaller than the global "
+                             f"batch {self.config.global_batch}")
+        sampler = torch.utils.data.DistributedSampler(
+            dataset, self.dist.world_size, self.dist.rank, shuffle=True, seed=self.config.seed,
+            drop_last=True)
+        workers = self.config.loader_workers
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=self.config.batch_per_worker, sampler=sampler, drop_last=True,
+            num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
+            prefetch_factor=2 if workers > 0 else None)
+        return endless(loader, sampler)
+
+    # -- weights ------------------------------------------------------------------------------
+    def load_weights(self, weights):
+        state = {name: torch.from_numpy(np.ascontiguousarray(value))
+                 for name, value in weights.items()}
+        missing, unexpected = self.network.leaves.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not m.endswith("num_batches_tracked")]
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        if self.dist.distributed:  # DDP broadcast rank 0's at wrap time; re-sync after loading
+            for tensor in self.network.state_dict().values():
+                dist.broadcast(tensor, src=0)
+
+    def export_weights(self):
+        return {name: value.detach().cpu().numpy().copy()
+                for name, value in self.network.leaves.state_dict().items()
+                if not name.endswith("num_batches_tracked")}
+
+    def gradients(self, images, labels):
+        self.network.zero_grad(set_to_none=True)
+        x, y = self._to_device(torch.from_numpy(images), torch.from_numpy(labels))
+        loss = F.cross_entropy(self.network(x), y)  # the unwrapped network: local gradients
+        loss.backward()
+        grads = {name: p.grad.detach().cpu().numpy().copy()
+                 for name, p in self.network.leaves.named_parameters()}
+        self.network.zero_grad(set_to_none=True)
+        return float(loss), grads
+
+    # -- iterations ---------------------------------------------------------------------------
+    def _to_device(self, images, labels):
+        if self.device.type == "cpu":
+            return images.contiguous(memory_format=self.memory_format), labels
+        images = images.to(self.device, non_blocking=True, memory_format=self.memory_format)
+        return images, labels.to(self.device, non_blocking=True)
+
+    def step(self):
+        images, labels = self._to_device(*next(self.batches))
+        loss = F.cross_entropy(self.model(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self._loss = loss.detach()
+
+    def profile_step(self, overlapped: bool):
+        timer = PhaseTimer(self.sync)
+        batch = next(self.batches)
+        timer.lap("io")
+        images, labels = self._to_device(*batch)
+        timer.lap("h2d")
+        loss = F.cross_entropy(self.model(images), labels)
+        timer.lap("forward")
+        self.optimizer.zero_grad(set_to_none=True)
+        if overlapped or not self.dist.distributed:
+            loss.backward()  # DDP's hooks all-reduce buckets during backward
+            timer.lap("backward_comm" if overlapped else "backward")
+            if not overlapped:
+                timer.laps["comm"] = 0.0
+        else:
+            with self.model.no_sync():
+                loss.backward()
+            timer.lap("backward")
+            self._allreduce_flat()
+            timer.lap("comm")
+        self.optimizer.step()
+        timer.lap("update")
+        self._loss = loss.detach()
+        return timer.laps
+
+    def _allreduce_flat(self):
+        """The whole gradient averaged in one all-reduce after backward (no overlap)."""
+        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.dist.world_size
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def last_loss(self):
+        return float(self._loss) if self._loss is not None else float("nan")
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self):
+        if dist.is_initialized():
+            dist.barrier()
+
+    def versions(self):
+        facts = {"torch": torch.__version__, "torch_threads": str(torch.get_num_threads())}
+        if torch.cuda.is_available():
+            facts.update(cuda=str(torch.version.cuda), cudnn=str(torch.backends.cudnn.version()),
+                         nccl=".".join(map(str, torch.cuda.nccl.version())))
+        return facts
+
+    def device_name(self):
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return super().device_name()
+
+    def describe(self):
+        return {"backend": ("nccl" if self.device.type == "cuda" else "gloo")
+                if self.dist.distributed else "none",
+                "ddp_bucket_mb": 25 if self.dist.distributed else None,
+                "layout": "NHWC" if self.channels_last else "NCHW",
+                "cudnn_benchmark": torch.backends.cudnn.benchmark}
+
+    def close(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+TRAINER = TorchTrainer

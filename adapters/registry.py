@@ -1,0 +1,71 @@
+"""The one place that knows which frameworks exist, how each is launched and where it lives.
+
+Imports no framework: the launcher reads this table to build plans, environments and
+rendezvous, and only the worker (inside the framework's own environment) imports the adapter
+module itself through `load_trainer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FrameworkInfo:
+    """What the launcher must know about one framework adapter without importing it.
+
+    `rendezvous` names how ranks find each other (see launchers/rendezvous.py): every framework
+    gets its rendezvous its own way (MASTER_ADDR for torch, TF_CONFIG, DMLC_* for ps-lite, MPI).
+    """
+
+    name: str  # CLI name
+    label: str  # shown in tables and plots
+    module: str  # adapter module, imported only inside the framework's environment
+    env: str  # environment name: envs/<env>.txt
+    modes: tuple[str, ...]  # aggregation modes; the first is the default
+    synchronous_modes: tuple[str, ...]
+    rendezvous: str
+
+
+FRAMEWORKS: dict[str, FrameworkInfo] = {
+    "torch": FrameworkInfo(
+        name="torch",
+        label="PyTorch DDP",
+        module="adapters.pytorch",
+        env="torch",
+        modes=("ddp",),
+        synchronous_modes=("ddp",),
+        rendezvous="torch",
+    ),
+}
+
+
+class UnknownFramework(ValueError):
+    """A framework or mode name the registry does not know."""
+
+
+def framework_info(name: str) -> FrameworkInfo:
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        known = ", ".join(sorted(FRAMEWORKS))
+        raise UnknownFramework(f"unknown framework {name!r} (known: {known})") from None
+
+
+def parse_framework_mode(text: str) -> tuple[FrameworkInfo, str]:
+    """Parse 'torch' or 'tf:ps' into (info, mode); the mode defaults to the adapter's first."""
+    name, _, mode = text.strip().partition(":")
+    info = framework_info(name)
+    mode = mode or info.modes[0]
+    if mode not in info.modes:
+        raise UnknownFramework(
+            f"unknown mode {mode!r} for {name} (known: {', '.join(info.modes)})"
+        )
+    return info, mode
+
+
+def load_trainer(name: str):
+    """Import the adapter module (and so the framework) and return its Trainer class."""
+    module = importlib.import_module(framework_info(name).module)
+    return module.TRAINER

@@ -1,0 +1,241 @@
+"""The one worker entry point every framework runs: `python -m adapters.worker RUN.json`.
+
+Each rank: build the trainer, load the canonical weights, warm up, time `repeats` loops of
+`iterations` steps (throughput mode: no synchronisation but one at the end of each loop), then
+`profile_iterations` steps of each profile kind (phases synchronised). Each rank writes its
+timings to rank_dir/rank<r>.json; after a barrier rank 0 merges them into the one result
+record. The slowest rank defines a synchronous iteration, so merged times take the maximum
+over ranks. Adapters print no results themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from adapters.base import DistInfo, FrameworkUnavailable, RunConfig, cpu_name
+from adapters.registry import framework_info, load_trainer
+from analysis.record import PHASES, empty_record, phase_entry
+from models import canonical_weights, get_model
+
+EXIT_UNAVAILABLE = 3
+
+
+class Progress:
+    """Rank 0 writes 'done total phase' to a small file the launcher polls for its run bar."""
+
+    def __init__(self, rank_dir: str, rank: int, total: int):
+        self.path = Path(rank_dir) / "progress" if rank == 0 and rank_dir else None
+        self.total = total
+        self.done = 0
+
+    def advance(self, phase: str) -> None:
+        self.done += 1
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(f"{self.done} {self.total} {phase}")
+            os.replace(tmp, self.path)
+
+
+def maybe_inject_fault(config: RunConfig, rank: int, step: int) -> None:
+    """Test-only fault injection: crash or hang one rank at one step (--inject-fault)."""
+    fault = config.fault
+    if not fault or int(fault.get("rank", 0)) != rank or int(fault.get("at", 0)) != step:
+        return
+    if fault["kind"] == "crash":
+        print(f"injected crash on rank {rank} at step {step}", file=sys.stderr, flush=True)
+        os._exit(17)
+    if fault["kind"] == "hang":
+        print(f"injected hang on rank {rank} at step {step}", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a real hang does not die politely
+        while True:
+            time.sleep(3600)
+
+
+def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress) -> dict:
+    """Warm-up, then repeats of timed loops; returns per-repeat mean seconds per iteration."""
+    step = 0
+    for _ in range(config.warmup):
+        maybe_inject_fault(config, rank, step)
+        trainer.step()
+        step += 1
+        progress.advance("warmup")
+    trainer.sync()
+    repeat_times, losses = [], []
+    for _ in range(config.repeats):
+        start = time.perf_counter()
+        for _ in range(config.iterations):
+            maybe_inject_fault(config, rank, step)
+            trainer.step()
+            step += 1
+            progress.advance("timed")
+        trainer.sync()
+        repeat_times.append((time.perf_counter() - start) / config.iterations)
+        losses.append(trainer.last_loss())
+    return {"repeat_times": repeat_times, "losses": losses, "steps": step}
+
+
+def profile_loops(trainer, config: RunConfig, progress: Progress) -> dict:
+    """Median seconds per phase over profile iterations of both kinds (see Trainer)."""
+    separate, overlapped = [], []
+    for _ in range(config.profile_iterations):
+        separate.append(trainer.profile_step(overlapped=False))
+        progress.advance("profile")
+        overlapped.append(trainer.profile_step(overlapped=True))
+        progress.advance("profile")
+    medians = {key: statistics.median(p[key] for p in separate) for key in separate[0]}
+    medians["backward_comm"] = statistics.median(p["backward_comm"] for p in overlapped)
+    medians["iteration_overlapped"] = statistics.median(sum(p.values()) for p in overlapped)
+    return medians
+
+
+def overlap_fraction(backward: float, comm: float, backward_comm: float) -> float | None:
+    """Share of communication hidden behind backward: (t_b + t_c - t_bc) / t_c, in [0, 1].
+
+    t_b and t_c come from iterations where communication runs after backward, t_bc from
+    iterations where the framework overlaps them its own way. None without communication.
+    """
+    if comm <= 1e-6:
+        return None
+    return float(min(1.0, max(0.0, (backward + comm - backward_comm) / comm)))
+
+
+def run_check(trainer, config: RunConfig, spec, dist: DistInfo) -> None:
+    """Equivalence mode: dump loss + local gradients on this rank's first batch, then take
+    `steps` SGD steps and dump the weights, for comparison against other runs/frameworks."""
+    from adapters.data import rank_batch_start, synthetic_batch
+
+    out = Path(config.check["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    start = rank_batch_start(0, dist.rank, dist.world_size, config.batch_per_worker)
+    images, labels = synthetic_batch(config.seed, start, config.batch_per_worker,
+                                     spec.input_shape, spec.num_classes)
+    loss, grads = trainer.gradients(images, labels)
+    np.savez(out / f"grads_rank{dist.rank}.npz", __loss__=np.float64(loss), **grads)
+    for step in range(int(config.check.get("steps", 1))):
+        trainer.step()
+    trainer.sync()
+    np.savez(out / f"weights_rank{dist.rank}.npz", **trainer.export_weights())
+    loss_after, _ = trainer.gradients(images, labels)
+    (out / f"loss_rank{dist.rank}.json").write_text(
+        json.dumps({"before": loss, "after": loss_after}))
+
+
+def rank_result(config: RunConfig, trainer, timings: dict, profile: dict) -> dict:
+    return {"timings": timings, "profile": profile, "versions": trainer.versions(),
+            "device_name": trainer.device_name(), "extra": trainer.describe()}
+
+
+def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
+    """Build the one record from every rank's result (slowest rank per repeat/phase)."""
+    repeat_times = [max(r["timings"]["repeat_times"][i] for r in results)
+                    for i in range(config.repeats)]
+    phases = {key: max(r["profile"][key] for r in results) for key in results[0]["profile"]}
+    median = statistics.median(repeat_times)
+    first = results[0]
+    info = framework_info(config.framework)
+    record = empty_record(
+        run_id=config.run_id, campaign=config.campaign, config_hash=config.config_hash,
+        framework=config.framework, framework_label=info.label, mode=config.mode,
+        synchronous=int(config.mode in info.synchronous_modes), model=config.model,
+        params=spec.total_params, flops=spec.total_flops, device_kind=config.device,
+        device_name=first["device_name"], nodes=config.nodes,
+        workers_per_node=config.workers_per_node, world_size=config.world_size,
+        batch_per_worker=config.batch_per_worker, global_batch=config.global_batch,
+        scaling="weak", dtype=config.dtype, layout=first["extra"].get("layout", config.layout),
+        data=config.data, warmup=config.warmup, iterations=config.iterations,
+        repeats=config.repeats, threads_per_worker=config.threads_per_worker,
+        bandwidth=config.bandwidth, latency=config.latency,
+        iter_time_median=median,
+        iter_time_p10=float(np.percentile(repeat_times, 10)),
+        iter_time_p90=float(np.percentile(repeat_times, 90)),
+        iter_time_std=float(np.std(repeat_times)),
+        throughput=config.global_batch / median,
+        throughput_per_worker=config.batch_per_worker / median,
+        profile_iter_time=sum(phases[p] for p in PHASES),
+        overlap=overlap_fraction(phases["backward"], phases["comm"], phases["backward_comm"]),
+        loss_first=first["timings"]["losses"][0], loss_last=first["timings"]["losses"][-1],
+        git_revision=config.git_revision, status="ok",
+    )
+    record["phases"] = [phase_entry(p, phases[p]) for p in PHASES]
+    record["env"] = environment(first["versions"])
+    record["extra"] = {**first["extra"], "repeat_times": repeat_times,
+                       "profile_backward_comm": phases["backward_comm"],
+                       "per_rank_median": [statistics.median(r["timings"]["repeat_times"])
+                                           for r in results]}
+    return record
+
+
+def environment(versions: dict) -> dict:
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
+            **versions}
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0) -> list[dict]:
+    """Read every rank's result file; they are written before the barrier, so this is brief."""
+    deadline = time.monotonic() + timeout
+    paths = [rank_dir / f"rank{r}.json" for r in range(world_size)]
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            missing = [p.name for p in paths if not p.exists()]
+            raise RuntimeError(f"rank results missing after barrier: {missing}")
+        time.sleep(0.05)
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m adapters.worker RUN.json", file=sys.stderr)
+        return 2
+    config = RunConfig.from_json(argv[0])
+    dist = DistInfo.from_env()
+    spec = get_model(config.model)
+    try:
+        trainer = load_trainer(config.framework)(spec, config, dist)
+    except FrameworkUnavailable as error:
+        print(f"unavailable: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        trainer.load_weights(canonical_weights(spec, config.seed))
+        if config.check:
+            run_check(trainer, config, spec, dist)
+            trainer.barrier()
+            return 0
+        total = config.warmup + config.iterations * config.repeats + 2 * config.profile_iterations
+        progress = Progress(config.rank_dir, dist.rank, total)
+        timings = timed_loops(trainer, config, dist.rank, progress)
+        profile = profile_loops(trainer, config, progress)
+        rank_dir = Path(config.rank_dir)
+        write_json_atomic(rank_dir / f"rank{dist.rank}.json",
+                          rank_result(config, trainer, timings, profile))
+        trainer.barrier()
+        if dist.rank == 0:
+            results = wait_for_rank_files(rank_dir, dist.world_size)
+            write_json_atomic(Path(config.record_path), merge_ranks(config, spec, results))
+        return 0
+    finally:
+        trainer.close()
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:  # noqa: BLE001 - the launcher records the tail of stderr
+        traceback.print_exc()
+        sys.exit(1)

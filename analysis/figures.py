@@ -1,0 +1,260 @@
+"""The study's figures, drawn with seaborn/matplotlib on the Agg backend (no display needed).
+
+Each function takes the runs frame of `ResultStore.runs_frame()` and a campaign folder,
+writes one PNG (dpi 120) under ``<out_dir>/figures/`` and returns its path, or None when the
+frame holds nothing it could plot (empty, only failed runs, no profile phases ...), so that
+a report can be built from whatever a campaign has so far.  A figure has one panel per
+model, device and per-worker batch; panel titles name the model and device.  A series is a
+framework label (plus its mode where the label does not already say it), with the same
+colour in every figure.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from analysis import tables  # noqa: E402
+
+DPI = 120
+PANEL_SIZE = (6.4, 4.4)
+FACET_KEYS = ["model", "device", "batch_per_worker"]
+FIGURE_NAMES = ("throughput", "phases", "scaling", "iteration_spread", "prediction")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def series_name(label, mode) -> str:
+    """How a series is named in legends: the label, plus the mode unless the label says it."""
+    label = "" if tables._missing(label) else str(label)
+    if tables._missing(mode) or not str(mode) or str(mode).lower() in label.lower():
+        return label or "?"
+    return f"{label} ({mode})" if label else str(mode)
+
+
+def _with_series(table: pd.DataFrame) -> pd.DataFrame:
+    return table.assign(series=[series_name(lb, m) for lb, m in zip(table["framework_label"], table["mode"])])
+
+
+def _palette(names) -> dict[str, tuple]:
+    """Stable colours: the same series gets the same colour in every figure of a campaign."""
+    names = sorted(set(names))
+    return dict(zip(names, sns.color_palette("colorblind", max(len(names), 1))))
+
+
+def _facets(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(panel title, rows) per model, device and per-worker batch."""
+    panels = []
+    several_batches = table.groupby(["model", "device"], dropna=False)["batch_per_worker"].nunique().max() > 1
+    for (model, device, batch), rows in table.groupby(FACET_KEYS, dropna=False, sort=True):
+        title = f"{model} on {device}"
+        if several_batches and not tables._missing(batch):
+            title += f", batch {batch}/worker"
+        panels.append((title, rows))
+    return panels
+
+
+def _figure(n_panels: int):
+    """A figure with one axes per panel, at most two per row."""
+    cols = min(n_panels, 2)
+    rows = math.ceil(n_panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, flat[:n_panels]
+
+
+def _save(fig, out_dir: str | Path, name: str, title: str) -> Path:
+    folder = Path(out_dir) / "figures"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    fig.suptitle(title, fontsize=13, fontweight="bold")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", facecolor="white")
+    plt.close(fig)
+    return path
+
+
+def _wrap(text: str, width: int = 16) -> str:
+    return "\n".join(textwrap.wrap(str(text), width)) or str(text)
+
+
+def _workers(value) -> str:
+    return "?" if tables._missing(value) else str(int(value))
+
+
+# --------------------------------------------------------------------------- figures
+
+def throughput_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Images/s per framework side by side, one bar per world size (hue), a panel per model."""
+    table = tables.throughput_table(frame)
+    table = table[table["images_per_s"].notna()] if len(table) else table
+    if table.empty:
+        return None
+    table = _with_series(table).assign(workers=lambda t: [_workers(w) for w in t["world_size"]])
+    hue_order = sorted(table["workers"].unique(), key=lambda w: (w == "?", int(w) if w != "?" else 0))
+    colors = dict(zip(hue_order, sns.color_palette("crest", len(hue_order))))
+    panels = _facets(table)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels):
+        order = sorted(rows["series"].unique())
+        sns.barplot(data=rows, x="series", y="images_per_s", hue="workers", order=order,
+                    hue_order=[w for w in hue_order if w in set(rows["workers"])], palette=colors,
+                    errorbar=None, ax=ax)
+        for container in ax.containers:
+            ax.bar_label(container, fmt="%.0f", fontsize=8, padding=2)
+        ax.set_xticks(range(len(order)), [_wrap(s) for s in order])
+        ax.set(title=title, xlabel="", ylabel="images / s (all workers)")
+        ax.legend(title="workers", fontsize=9)
+        ax.margins(y=0.12)
+    return _save(fig, out_dir, "throughput", "Training throughput (higher is better)")
+
+
+def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Stacked per-phase seconds per framework and world size (profile mode).
+
+    A black bar marks the measured profile iteration time: where it is below the stack,
+    that much communication was hidden behind backward.
+    """
+    table = tables.phase_table(frame)
+    phase_cols = [c for c in table.columns if c.endswith("_s") and not c.endswith("_pred_s")
+                  and c not in ("phase_sum_s", "profile_iter_s", "predicted_iter_s")]
+    if table.empty or not phase_cols:
+        return None
+    table = _with_series(table)
+    names = [c[: -len("_s")] for c in phase_cols]
+    colors = dict(zip(names, sns.color_palette("Set2", len(names))))
+    panels = _facets(table)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels):
+        rows = rows.sort_values(["series", "world_size"])
+        labels = [f"{_wrap(s, 14)}\nN={_workers(w)}" for s, w in zip(rows["series"], rows["world_size"])]
+        x = range(len(rows))
+        bottom = pd.Series(0.0, index=rows.index)
+        for column, name in zip(phase_cols, names):
+            values = pd.to_numeric(rows[column], errors="coerce").fillna(0.0).astype(float) * 1e3
+            ax.bar(x, values, bottom=bottom, color=colors[name], label=name, width=0.7)
+            bottom = bottom + values
+        profile = pd.to_numeric(rows["profile_iter_s"], errors="coerce").astype(float) * 1e3
+        if profile.notna().any():
+            ax.scatter(x, profile, marker="_", s=900, linewidths=2.5, color="black", zorder=3,
+                       label="iteration (profile)")
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set(title=title, xlabel="", ylabel="milliseconds per iteration")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.margins(y=0.1)
+    return _save(fig, out_dir, "phases", "Where an iteration's time goes (profile mode)")
+
+
+def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Speedup against workers, one line per framework/mode, ideal linear scaling dashed."""
+    table = tables.scaling_table(frame)
+    table = table[table["speedup"].notna()] if len(table) else table
+    if table.empty:
+        return None
+    table = _with_series(table)
+    colors = _palette(table["series"])
+    panels = _facets(table)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels):
+        workers = sorted(int(w) for w in rows["world_size"].dropna().unique())
+        top = max(workers + [2])
+        ax.plot([1, top], [1, top], linestyle="--", color="grey", linewidth=1.2, label="ideal (S = N)")
+        for name, line in rows.sort_values("world_size").groupby("series", sort=True):
+            ax.plot(line["world_size"].astype(float), line["speedup"].astype(float), marker="o",
+                    color=colors[name], linewidth=2, label=name)
+        ax.set_xticks(sorted(set(workers) | {1}))
+        ax.set(title=title, xlabel="workers N", ylabel="speedup S(N) = N·t(1) / t(N)",
+               xlim=(0.8, top + 0.2), ylim=(0, top + 0.3))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9)
+    return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)")
+
+
+def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Median iteration time as a point with p10-p90 error bars, per framework and world size."""
+    table = tables.throughput_table(frame)
+    table = table[table["iter_ms_median"].notna()] if len(table) else table
+    if table.empty:
+        return None
+    table = _with_series(table)
+    colors = _palette(table["series"])
+    panels = _facets(table)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels):
+        workers = sorted({_workers(w) for w in rows["world_size"]}, key=lambda w: (w == "?", len(w), w))
+        position = {w: i for i, w in enumerate(workers)}
+        names = sorted(rows["series"].unique())
+        width = 0.6 / max(len(names), 1)
+        for k, name in enumerate(names):
+            line = rows[rows["series"] == name]
+            x = [position[_workers(w)] - 0.3 + width * (k + 0.5) for w in line["world_size"]]
+            median = line["iter_ms_median"].astype(float)
+            low = (median - line["iter_ms_p10"].astype(float)).clip(lower=0).fillna(0)
+            high = (line["iter_ms_p90"].astype(float) - median).clip(lower=0).fillna(0)
+            ax.errorbar(x, median, yerr=[low, high], fmt="o", capsize=5, markersize=7,
+                        color=colors[name], label=name)
+        ax.set_xticks(range(len(workers)), workers)
+        ax.set(title=title, xlabel="workers N", ylabel="iteration time (ms): median, p10–p90")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=9)
+    return _save(fig, out_dir, "iteration_spread", "Iteration time and its spread (lower is better)")
+
+
+def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Model-predicted against measured iteration time; points on the diagonal are exact."""
+    ok = tables.ok_runs(tables.prepare(frame))
+    if ok.empty or "predicted_iter_time" not in ok.columns:
+        return None
+    ok = ok.assign(predicted=pd.to_numeric(ok["predicted_iter_time"], errors="coerce") * 1e3,
+                   measured=ok["iter_time_median"] * 1e3)
+    ok = ok[ok["predicted"].notna() & ok["measured"].notna()]
+    if ok.empty:
+        return None
+    ok = _with_series(ok)
+    colors = _palette(ok["series"])
+    panels = _facets(ok)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels):
+        top = float(max(rows["predicted"].max(), rows["measured"].max())) * 1.1
+        ax.plot([0, top], [0, top], linestyle="--", color="grey", linewidth=1.2, label="exact")
+        for name, points in rows.groupby("series", sort=True):
+            ax.scatter(points["measured"], points["predicted"], color=colors[name], s=50, label=name)
+            for _, p in points.iterrows():
+                ax.annotate(f"N={_workers(p['world_size'])}", (p["measured"], p["predicted"]),
+                            textcoords="offset points", xytext=(5, -10), fontsize=8)
+        ax.set(title=title, xlabel="measured iteration time (ms)", ylabel="predicted iteration time (ms)",
+               xlim=(0, top), ylim=(0, top))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9)
+    return _save(fig, out_dir, "prediction", "Performance model: predicted vs measured")
+
+
+FIGURES = {
+    "throughput": throughput_bars,
+    "phases": phase_bars,
+    "scaling": scaling_curves,
+    "iteration_spread": iteration_spread,
+    "prediction": prediction_scatter,
+}
+
+
+def make_figures(frame: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
+    """Every figure that has something to show, by name (see `FIGURES`)."""
+    made = {}
+    for name, draw in FIGURES.items():
+        path = draw(frame, out_dir)
+        if path is not None:
+            made[name] = path
+    return made
+

@@ -1,0 +1,358 @@
+"""The campaign's HTML report: one self-contained page, readable offline and archivable.
+
+``build_report(out_dir)`` reads ``out_dir/results.sqlite``, (re)writes the tables under
+``tables/`` and the figures under ``figures/``, and writes ``report.html`` with the figures
+embedded as base64 PNG, the tables as HTML, the environment the runs saw, the failures with
+their error tails, and how to read it all.  The page loads nothing from elsewhere (no CDN,
+no script), so it renders the same on an air-gapped cluster and in a browser test.
+
+CLI: ``python -m analysis.report DIR`` prints the report's path; a folder without a store
+gives a one-line error and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import shlex
+import struct
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures, tables
+from analysis.store import ResultStore, StoreError
+
+REPORT_FILENAME = "report.html"
+ERROR_TAIL_LINES = 40
+
+FIGURE_TEXT: dict[str, tuple[str, str]] = {
+    # name: (caption, alt text)
+    "throughput": ("Training throughput per framework; one bar per number of workers.",
+                   "Bar chart of images per second for each framework, bars grouped by number of workers, "
+                   "one panel per model and device."),
+    "phases": ("Milliseconds per iteration in each phase (profile mode); the black mark is the measured "
+               "iteration time, below the stack where communication overlapped backward.",
+               "Stacked bar chart of per-phase time (I/O, host-to-device, forward, backward, communication, "
+               "update) for each framework and number of workers."),
+    "scaling": ("Speedup against the number of workers; the dashed line is ideal linear scaling.",
+                "Line chart of speedup versus number of workers, one line per framework and mode, "
+                "with a dashed ideal line."),
+    "iteration_spread": ("Median iteration time with its 10th–90th percentile range.",
+                         "Dot plot of median iteration time with error bars from the 10th to the 90th "
+                         "percentile, per framework and number of workers."),
+    "prediction": ("Iteration time predicted by the performance model against the measured one.",
+                   "Scatter plot of predicted versus measured iteration time with a dashed diagonal."),
+}
+
+HOW_TO_READ = """
+<p>Every configuration ran untimed warm-up iterations, then timed repeats. <strong>Iteration
+time</strong> is the <strong>median</strong> over the repeats of the slowest worker's time per
+iteration; <strong>p10–p90</strong> is the range between the 10th and 90th percentile of those
+repeats, so a narrow range means a stable measurement and a wide one a noisy machine.
+Throughput counts the images of all workers per second. Where a configuration ran more than
+once, the tables show the median over runs.</p>
+<p>Scaling is <strong>weak scaling</strong>: every worker keeps the same batch, so N workers
+process N times as many images per iteration. The speedup S(N) = N · t(1) / t(N) compares a run
+with the same framework's one-worker run with the same per-worker batch; the efficiency
+E = S(N) / N is 1 for perfect scaling. Where no one-worker run was measured the speedup is left
+blank (—), never extrapolated.</p>
+<p>The phase breakdown comes from a separate profile mode that synchronises the device around
+each phase; its iteration time is therefore a little longer than in throughput mode.
+<em>Overlap</em> is the fraction of communication hidden behind the backward pass.</p>
+<p>Rows labelled <strong>CNTK-style</strong> or <strong>Caffe-MPI-style</strong> are
+<strong>emulated schemes</strong>: the gradient aggregation of that framework (CNTK: one
+all-reduce of the whole gradient after backward, no overlap; Caffe-MPI: a per-layer MPI
+all-reduce from a communication thread while backward goes on) re-implemented over another
+framework's compute, not the original framework. Failed and timed-out runs are left out of
+every table and figure and listed under Failures.</p>
+"""
+
+CSS = """
+:root { color-scheme: light; --ink: #1d2430; --muted: #5b6575; --line: #d8dde6; --accent: #1f5fa8; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink);
+       background: #f6f7f9; }
+header { background: #1d2a3a; color: #fff; padding: 1.4rem 2rem 1.2rem; }
+header h1 { margin: 0 0 .3rem; font-size: 1.6rem; }
+header .sub { margin: 0 0 .8rem; color: #c9d3e0; }
+header dl { display: grid; grid-template-columns: max-content 1fr; gap: .15rem 1.2rem; margin: 0; font-size: .92rem; }
+header dt { color: #9fb0c6; }
+header dd { margin: 0; overflow-wrap: anywhere; }
+nav { padding: .6rem 2rem; background: #fff; border-bottom: 1px solid var(--line); font-size: .92rem; }
+nav a { margin-right: 1.1rem; color: var(--accent); text-decoration: none; }
+main { max-width: 1280px; margin: 0 auto; padding: 0 2rem 3rem; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 1rem 1.4rem 1.2rem;
+          margin-top: 1.2rem; }
+h2 { margin: .2rem 0 .6rem; font-size: 1.25rem; }
+h3 { margin: 1rem 0 .3rem; font-size: 1rem; }
+p.note { color: var(--muted); margin: .2rem 0 .8rem; }
+figure { margin: .6rem 0 1rem; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); }
+figcaption { color: var(--muted); font-size: .9rem; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: .85rem; margin: .4rem 0; }
+th, td { padding: .25rem .6rem; border-bottom: 1px solid var(--line); text-align: left; white-space: nowrap; }
+th { background: #eef1f5; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.missing { color: #9aa3b0; text-align: center; }
+pre { background: #1f2329; color: #e8e8e8; padding: .7rem .9rem; border-radius: 4px; overflow-x: auto;
+      font-size: .8rem; line-height: 1.35; }
+.links { font-size: .85rem; color: var(--muted); }
+.links a { color: var(--accent); }
+.ok { color: #17803d; font-weight: 600; }
+.bad { color: #b42318; font-weight: 600; }
+footer { text-align: center; color: var(--muted); font-size: .8rem; padding: 1.5rem; }
+"""
+
+
+# --------------------------------------------------------------------------- small pieces
+
+def esc(value) -> str:
+    return html.escape("" if tables._missing(value) else str(value), quote=True)
+
+
+def _cell(column: str, value) -> str:
+    """One <td>: numbers right-aligned in the column's format, missing values as a dash."""
+    if tables._missing(value):
+        return '<td class="missing">—</td>'
+    if isinstance(value, float):
+        return f'<td class="num">{format(value, tables.float_format(column))}</td>'
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f'<td class="num">{value}</td>'
+    return f"<td>{esc(value)}</td>"
+
+
+def html_table(table: pd.DataFrame) -> str:
+    """A DataFrame as a plain HTML5 table (no obsolete attributes), inside a scroll box."""
+    if table.empty:
+        return '<p class="note">No rows.</p>'
+    shown = tables.display_frame(table)
+    head = "".join(f"<th>{esc(c.replace('_', ' '))}</th>" for c in table.columns)
+    body = "\n".join("<tr>" + "".join(_cell(c, _scalar(v)) for c, v in zip(table.columns, row)) + "</tr>"
+                     for row in shown.itertuples(index=False))
+    return f'<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
+
+
+def _scalar(value):
+    """NumPy scalars -> Python ones, so that formatting picks the numeric branch."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and not isinstance(value, str) else value
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk (lets the page reserve the image's space)."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG file")
+    return struct.unpack(">II", data[16:24])
+
+
+def figure_html(name: str, path: Path) -> str:
+    """A <figure> with the PNG embedded as base64, its caption and alt text."""
+    data = Path(path).read_bytes()
+    width, height = png_size(data)
+    caption, alt = FIGURE_TEXT.get(name, (name, f"Figure {name}"))
+    encoded = base64.b64encode(data).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{encoded}" alt="{esc(alt)}" '
+            f'width="{width}" height="{height}"><figcaption>{esc(caption)}</figcaption></figure>')
+
+
+def _unique(series: pd.Series) -> list[str]:
+    return [str(v) for v in dict.fromkeys(series.dropna()) if str(v).strip()]
+
+
+def _joined(frame: pd.DataFrame, columns: list[str]) -> str:
+    values = []
+    for column in columns:
+        if column in frame.columns:
+            values += _unique(frame[column])
+    return ", ".join(dict.fromkeys(values)) or "—"
+
+
+def env_columns(frame: pd.DataFrame, word: str) -> list[str]:
+    """``env_*`` columns whose key mentions `word` (python, cpu, gpu, version ...)."""
+    return [c for c in frame.columns if c.startswith("env_") and word in c[len("env_"):].lower()]
+
+
+def versions_by_label(frame: pd.DataFrame) -> str:
+    """'Label: key value, ...; ...' from the env columns that carry versions (not Python)."""
+    columns = [c for c in env_columns(frame, "version") if "python" not in c.lower()]
+    parts = []
+    labels = tables.prepare(frame)["framework_label"] if len(frame) else pd.Series(dtype=object)
+    for label in _unique(labels):
+        rows = frame[labels == label]
+        found = [f"{_short_key(c)} {v}" for c in columns for v in _unique(rows[c])]
+        if found:
+            parts.append(f"{label}: {', '.join(found)}")
+    return "; ".join(parts) or "—"
+
+
+def _short_key(column: str) -> str:
+    """``env_versions_torch`` -> ``torch``; ``env_cuda_version`` -> ``cuda``."""
+    key = column[len("env_"):]
+    for prefix in ("versions_", "version_"):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key.removesuffix("_version")
+
+
+def environment_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Environment facts (``env_*`` columns) as rows, one column per framework label.
+
+    Each framework runs in its own environment, so versions are shown per label.
+    """
+    columns = [c for c in frame.columns if c.startswith("env_")]
+    if frame.empty or not columns:
+        return pd.DataFrame()
+    labels = tables.prepare(frame)["framework_label"]
+    result = {"key": [c[len("env_"):] for c in columns]}
+    for label in _unique(labels):
+        rows = frame[labels == label]
+        result[label] = [", ".join(_unique(rows[c])) or None for c in columns]
+    return pd.DataFrame(result)
+
+
+def _meta_text(value) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return shlex.join(value)
+    return str(value)
+
+
+# --------------------------------------------------------------------------- sections
+
+def header_html(out_dir: Path, frame: pd.DataFrame, meta: dict) -> str:
+    """Campaign, devices, versions, git revision: what a reader needs to trust the numbers."""
+    campaign = meta.get("campaign") or _joined(frame, ["campaign"])
+    if campaign == "—":
+        campaign = out_dir.resolve().name
+    status = frame["status"] if "status" in frame.columns else pd.Series(dtype=object)
+    n_ok, n_bad = int((status == "ok").sum()), int((status.notna() & (status != "ok")).sum())
+    facts = [
+        ("Campaign", campaign),
+        ("Device", _joined(frame, ["device_name"]) if "device_name" in frame else "—"),
+        ("Device kind", _joined(frame, ["device_kind"])),
+        ("Models", _joined(frame, ["model"])),
+        ("Frameworks", _joined(tables.prepare(frame), ["framework_label"]) if len(frame) else "—"),
+        ("Versions", versions_by_label(frame)),
+        ("Python", _joined(frame, env_columns(frame, "python"))),
+        ("CPU", _joined(frame, env_columns(frame, "cpu"))),
+        ("GPU", _joined(frame, env_columns(frame, "gpu"))),
+        ("Git revision", _joined(frame, ["git_revision"])),
+    ]
+    if "image_digest" in frame.columns and frame["image_digest"].notna().any():
+        facts.append(("Image digest", _joined(frame, ["image_digest"])))
+    facts += [(str(key).replace("_", " ").capitalize(), _meta_text(value))
+              for key, value in sorted(meta.items()) if key != "campaign"]
+    generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    items = "\n".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)
+    return (f"<header><h1>dlcompare report — {esc(campaign)}</h1>\n"
+            f'<p class="sub">{len(frame)} runs: <span>{n_ok} ok</span>, <span>{n_bad} failed or timed out</span>'
+            f" · generated {esc(generated)}</p>\n<dl>\n{items}\n</dl></header>")
+
+
+def table_section(name: str, table: pd.DataFrame, figure_names: list[str], made: dict[str, Path]) -> str:
+    """A report section: its figures, what the table means, the table, links to its files."""
+    parts = [f'<section id="{name}"><h2>{esc(tables.TABLE_TITLES[name])}</h2>',
+             f'<p class="note">{esc(tables.TABLE_DESCRIPTIONS[name])}</p>']
+    parts += [figure_html(f, made[f]) for f in figure_names if f in made]
+    parts.append(html_table(table))
+    parts.append(f'<p class="links">Files: <a href="tables/{name}.csv">{name}.csv</a> · '
+                 f'<a href="tables/{name}.md">{name}.md</a></p></section>')
+    return "\n".join(parts)
+
+
+def failures_section(frame: pd.DataFrame, failures: pd.DataFrame) -> str:
+    """The failures table, then each failed run's error tail in <pre>."""
+    parts = ['<section id="failures"><h2>Failures</h2>']
+    if failures.empty:
+        parts.append('<p class="note"><span class="ok">No run failed.</span></p></section>')
+        return "\n".join(parts)
+    parts.append(f'<p class="note"><span class="bad">{len(failures)} run(s) failed or timed out.</span> '
+                 "They are excluded from every table and figure above.</p>")
+    parts.append(html_table(failures))
+    errors = frame.set_index("run_id")["error"] if "error" in frame.columns else pd.Series(dtype=object)
+    for run_id in failures["run_id"]:
+        tail = "\n".join(str(errors.get(run_id) or "(no error output recorded)").rstrip().splitlines()[-ERROR_TAIL_LINES:])
+        parts.append(f"<h3>{esc(run_id)}</h3>\n<pre>{esc(tail)}</pre>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def environment_section(frame: pd.DataFrame) -> str:
+    table = environment_table(frame)
+    return ('<section id="environment"><h2>Environment</h2>'
+            '<p class="note">What each framework\'s environment reported (from the records\' env).</p>'
+            f"{html_table(table)}</section>")
+
+
+def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str, pd.DataFrame],
+                made: dict[str, Path]) -> str:
+    """The whole page as a string."""
+    sections = [
+        f'<section id="how-to-read"><h2>How to read this</h2>{HOW_TO_READ}</section>',
+        table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], made),
+        table_section("phases", built["phases"], ["phases", "prediction"], made),
+        table_section("scaling", built["scaling"], ["scaling"], made),
+        failures_section(frame, built["failures"]),
+        environment_section(frame),
+    ]
+    nav = " ".join(f'<a href="#{anchor}">{esc(text)}</a>' for anchor, text in (
+        ("how-to-read", "How to read this"), ("throughput", "Throughput"), ("phases", "Phases"),
+        ("scaling", "Scaling"), ("failures", "Failures"), ("environment", "Environment")))
+    campaign = meta.get("campaign") or out_dir.resolve().name
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>dlcompare report — {esc(campaign)}</title>",
+        '<link rel="icon" href="data:,">',  # no favicon request, hence no 404 in the console
+        f"<style>{CSS}</style>", "</head>", "<body>",
+        header_html(out_dir, frame, meta), f"<nav>{nav}</nav>", "<main>", *sections, "</main>",
+        "<footer>Generated by dlcompare's analysis package from results.sqlite.</footer>",
+        "</body>", "</html>", ""])
+
+
+def _drop_stale_figures(out_dir: Path, made: dict[str, Path]) -> None:
+    """Remove figures an earlier build drew that have nothing to show now."""
+    for name in figures.FIGURES:
+        path = out_dir / "figures" / f"{name}.png"
+        if name not in made and path.exists():
+            path.unlink()
+
+
+def build_report(out_dir: str | Path) -> Path:
+    """Read the campaign's store, write tables, figures and report.html; return its path.
+
+    Raises StoreError when `out_dir` has no result store.
+    """
+    out_dir = Path(out_dir)
+    with ResultStore.for_campaign(out_dir, create=False) as store:
+        frame = store.runs_frame()
+        meta = store.meta()
+    tables.write_tables(frame, out_dir)
+    built = tables.build_tables(frame)
+    made = figures.make_figures(frame, out_dir)
+    _drop_stale_figures(out_dir, made)
+    path = out_dir / REPORT_FILENAME
+    path.write_text(render_html(out_dir, frame, meta, built, made), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.report DIR``: (re)build a campaign's report and print its path."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.report",
+                                     description="Build the HTML report of a dlcompare campaign folder.")
+    parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
+    args = parser.parse_args(argv)
+    try:
+        print(build_report(args.out_dir))
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

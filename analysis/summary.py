@@ -1,0 +1,124 @@
+"""A one-screen terminal summary of a campaign, for the end of ``launchers.compare``.
+
+One row per measured configuration (median over repeated runs) with speedup and efficiency
+against the one-worker run, then one row per failed run; details live in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from analysis import tables
+from analysis.store import ResultStore, StoreError
+
+# Short headers so that the table fits an 80-column terminal; the caption spells them out.
+HEADERS = ("Framework", "Mode", "Model", "N", "Batch", "img/s", "Iter ms [p10–p90]", "S(N)", "E(N)", "Status")
+NUMERIC = {"N", "Batch", "img/s", "S(N)", "E(N)"}
+# Columns that may wrap on a narrow terminal; the numbers never do.
+WRAPPING = {"Framework": 8, "Mode": 4, "Model": 5, "Iter ms [p10–p90]": 13}
+CAPTION = ("N workers, Batch per worker, img/s over all workers; iteration time median [p10–p90] over "
+           "timed repeats; speedup S(N) = N·t(1)/t(N) against the one-worker run, efficiency E(N) = S/N")
+
+
+def _text(value, fmt: str = "") -> str:
+    """A cell: a dash for missing values, else the formatted value (rich markup escaped)."""
+    if tables._missing(value):
+        return "—"
+    return format(value, fmt) if fmt else escape(str(value))
+
+
+def _workers(world_size, nodes) -> str:
+    """World size, with the node count when the run spanned several hosts."""
+    text = _text(world_size)
+    if not tables._missing(nodes) and int(nodes) > 1:
+        text += f" ({int(nodes)} nodes)"
+    return text
+
+
+def _iteration(row) -> str:
+    median = _text(row["iter_ms_median"], ".1f")
+    if tables._missing(row["iter_ms_p10"]) or tables._missing(row["iter_ms_p90"]):
+        return median
+    return f"{median} [{row['iter_ms_p10']:.1f}–{row['iter_ms_p90']:.1f}]"
+
+
+def _efficiency_style(value) -> str:
+    """Green near-linear scaling, yellow middling, red poor: readable at a glance."""
+    if tables._missing(value):
+        return ""
+    return "green" if value >= 0.8 else "yellow" if value >= 0.5 else "red"
+
+
+def _ok_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
+    configs = tables.configs_with_speedup(frame)
+    rows = []
+    for _, row in configs.iterrows():
+        status = "ok" if row["runs"] == 1 else f"ok ×{row['runs']}"
+        cells = [_text(row["framework_label"]), _text(row["mode"]), _text(row["model"]),
+                 _workers(row["world_size"], row["nodes"]), _text(row["batch_per_worker"]),
+                 _text(row["images_per_s"], ".1f"), _iteration(row), _text(row["speedup"], ".2f"),
+                 _text(row["efficiency"], ".2f"), f"[green]{status}[/]"]
+        if _efficiency_style(row["efficiency"]):
+            cells[8] = f"[{_efficiency_style(row['efficiency'])}]{cells[8]}[/]"
+        rows.append((cells, ""))
+    return rows
+
+
+def _failed_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
+    prepared = tables.prepare(frame)
+    failed = prepared[prepared["status"].notna() & (prepared["status"] != "ok")]
+    return [([_text(r["framework_label"]), _text(r["mode"]), _text(r["model"]),
+              _workers(r["world_size"], r["nodes"]), _text(r["batch_per_worker"]),
+              "—", "—", "—", "—", f"[bold red]{escape(str(r['status']))}[/]"], "dim")
+            for _, r in failed.sort_values(["model", "framework_label", "world_size"]).iterrows()]
+
+
+def summary_table(frame: pd.DataFrame, title: str = "dlcompare results") -> Table:
+    """The campaign at a glance as a rich Table (an empty table says so in its caption)."""
+    table = Table(title=escape(title), caption=escape(CAPTION), header_style="bold", title_style="bold",
+                  box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
+                  show_edge=False)
+    for header in HEADERS:
+        table.add_column(escape(header), justify="right" if header in NUMERIC else "left",
+                         no_wrap=header not in WRAPPING, min_width=WRAPPING.get(header), overflow="fold")
+    rows = _ok_rows(frame) + _failed_rows(frame) if len(frame) else []
+    for cells, style in rows:
+        table.add_row(*cells, style=style or None)
+    if not rows:
+        table.caption = "no runs stored yet"
+    return table
+
+
+def print_summary(out_dir: str | Path, console: Console | None = None) -> Table:
+    """Print the summary of the campaign in `out_dir`; StoreError when it has no store."""
+    out_dir = Path(out_dir)
+    with ResultStore.for_campaign(out_dir, create=False) as store:
+        frame = store.runs_frame()
+    table = summary_table(frame, title=f"dlcompare — {out_dir.resolve().name}")
+    (console or Console()).print(table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.summary DIR``: print a campaign's summary table."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.summary", description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
+    args = parser.parse_args(argv)
+    try:
+        print_summary(args.out_dir)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Benchmark: what the PyTorch adapter costs against a plain hand-written loop, and what
+profile mode costs against throughput mode.
+
+    python -m bench.torch_overhead [--models alexnet,googlenet,resnet50] [--batch 8]
+
+Runs in the torch environment (it re-executes itself there). Both loops train the same network
+(built from the same description, same canonical weights, same batch, same thread count) and
+are timed in interleaved rounds so machine noise hits both alike; the ratio is of medians.
+Target: adapter / plain <= 1.03.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def plain_loop_seconds(network, images, labels, iterations: int) -> float:
+    """What a user would write by hand: forward, loss, zero_grad, backward, SGD step."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.01, momentum=0.9)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        loss = F.cross_entropy(network(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / iterations
+
+
+def adapter_seconds(trainer, iterations: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        trainer.step()
+    trainer.sync()
+    return (time.perf_counter() - start) / iterations
+
+
+def profile_seconds(trainer, iterations: int) -> float:
+    total = 0.0
+    for _ in range(iterations):
+        total += sum(trainer.profile_step(overlapped=False).values())
+    return total / iterations
+
+
+def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) -> dict:
+    import torch
+
+    from adapters.base import DistInfo, RunConfig
+    from adapters.data import synthetic_batch
+    from adapters.pytorch import Network, TorchTrainer
+    from models import canonical_weights, get_model
+
+    spec = get_model(model)
+    weights = canonical_weights(spec)
+    config = RunConfig(run_id="bench", framework="torch", mode="ddp", model=model,
+                       batch_per_worker=batch, threads_per_worker=threads)
+    trainer = TorchTrainer(spec, config, DistInfo())
+    trainer.load_weights(weights)
+    network = Network(spec, dropout=True)
+    network.leaves.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()},
+                                   strict=False)
+    images, labels = synthetic_batch(0, 0, batch, spec.input_shape, spec.num_classes)
+    images, labels = torch.from_numpy(images), torch.from_numpy(labels)
+    plain_loop_seconds(network, images, labels, 2)  # warm-up both
+    adapter_seconds(trainer, 2)
+    plain, adapter, profile = [], [], []
+    for _ in range(rounds):
+        plain.append(plain_loop_seconds(network, images, labels, iterations))
+        adapter.append(adapter_seconds(trainer, iterations))
+        profile.append(profile_seconds(trainer, iterations))
+    result = {"model": model, "batch": batch, "threads": threads,
+              "plain_s": statistics.median(plain), "adapter_s": statistics.median(adapter),
+              "profile_s": statistics.median(profile)}
+    result["adapter_over_plain"] = result["adapter_s"] / result["plain_s"]
+    result["profile_over_throughput"] = result["profile_s"] / result["adapter_s"]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if "torch" not in sys.modules and os.environ.get("DLCOMPARE_BENCH_IN_ENV") != "1":
+        from launchers.envs import REPO_ROOT, ensure_environment
+
+        env = ensure_environment("torch", log=print)
+        os.environ.update(DLCOMPARE_BENCH_IN_ENV="1", PYTHONPATH=str(REPO_ROOT))
+        os.execv(str(env.python), [str(env.python), "-m", "bench.torch_overhead", *sys.argv[1:]])
+    import platform
+
+    import torch
+
+    threads = os.cpu_count() or 1
+    print(json.dumps({"python": platform.python_version(), "torch": torch.__version__,
+                      "cpu_count": threads}))
+    for model in args.models.split(","):
+        print(json.dumps(measure(model, args.batch, args.iterations, args.rounds, threads)),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Running a campaign: plan, environments, data, runs with progress, store, report.
+
+Runs in the launcher's own environment (envs/host.txt). Each run's record is stored the moment
+it ends, successful or not, so a crash, a timeout or Ctrl-C never loses what was measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from adapters.base import RunConfig
+from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
+from adapters.registry import framework_info
+from analysis.record import empty_record
+from launchers import plan as planning
+from launchers.envs import REPO_ROOT, EnvBuildError, dlcompare_home, ensure_environment
+from launchers.local import run_local
+from models import get_model
+
+console = Console(stderr=True)
+
+
+def campaign_from_args(args) -> planning.Campaign:
+    """Resolve the CLI's arguments into a Campaign, validating every one (UsageError)."""
+    for name in ("iterations", "repeats", "profile_iterations"):
+        if getattr(args, name) < 1:
+            raise planning.UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup < 0 or args.loader_workers < 0:
+        raise planning.UsageError("--warmup and --loader-workers cannot be negative")
+    if args.timeout <= 0:
+        raise planning.UsageError("--timeout must be positive")
+    gpus = planning.gpu_count()
+    device = planning.resolve_device(args.device, gpus)
+    workers = (planning.positive_ints(args.workers, "--workers") if args.workers
+               else planning.default_workers(device, gpus))
+    campaign = planning.Campaign(
+        frameworks=planning.parse_frameworks(args.frameworks),
+        models=planning.parse_models(args.model),
+        workers=workers,
+        nodes=planning.positive_ints(args.nodes, "--nodes"),
+        batch_sizes=(planning.positive_ints(args.batch_size, "--batch-size")
+                     if args.batch_size else None),
+        iterations=args.iterations, warmup=args.warmup, repeats=args.repeats,
+        profile_iterations=args.profile_iterations, data=args.data, device=device,
+        out=Path(args.out).resolve(), timeout=args.timeout, channels_last=args.channels_last,
+        dropout=not args.no_dropout, seed=args.seed, loader_workers=args.loader_workers,
+        fault=planning.parse_fault(args.inject_fault),
+        git_revision=planning.git_revision(REPO_ROOT),
+    )
+    if campaign.nodes != [1]:
+        raise planning.UsageError("--nodes above 1 needs a cluster transport, which this "
+                                  "version does not have yet; use --nodes 1")
+    planning.check_batch_fits(campaign)
+    return campaign
+
+
+def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[str]) -> None:
+    settings = Table(title="Campaign settings (every default resolved)", show_header=False)
+    for key, value in planning.campaign_summary(campaign).items():
+        settings.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+    console.print(settings)
+    table = Table(title=f"Plan: {len(runs)} runs, {len(stored & {r.run_id for r in runs})} "
+                        f"already stored (skipped)")
+    for column in ("run", "framework", "model", "workers", "batch/worker", "state"):
+        table.add_column(column)
+    for run in runs:
+        table.add_row(run.run_id, f"{run.framework}:{run.mode}", run.model,
+                      f"{run.nodes}x{run.workers_per_node}", str(run.batch_per_worker),
+                      "stored" if run.run_id in stored else "to run")
+    console.print(table)
+
+
+def prepare_environments(campaign: planning.Campaign) -> dict[str, str]:
+    """Build (once) or reuse each framework's environment; returns env name -> python."""
+    pythons = {}
+    for info, _ in campaign.frameworks:
+        if info.env not in pythons:
+            with console.status(f"environment for {info.name} ..."):
+                env = ensure_environment(info.env, log=console.print)
+            pythons[info.env] = str(env.python)
+    return pythons
+
+
+def prepare_data(campaign: planning.Campaign, runs: list[RunConfig]) -> None:
+    """Generate the JPEG data set each model needs (once, cached under DLCOMPARE_HOME)."""
+    if campaign.data != "files":
+        return
+    for model in campaign.models:
+        spec = get_model(model)
+        largest = max(r.global_batch for r in runs if r.model == model)
+        per_class = max(2, -(-max(256, 4 * largest) // spec.num_classes))
+        root = jpeg_dataset_dir(dlcompare_home() / "data", spec, per_class, campaign.seed)
+        with console.status(f"JPEG data set for {model} ..."):
+            make_jpeg_dataset(root, spec, per_class, campaign.seed)
+        for run in runs:
+            if run.model == model:
+                run.data_dir = str(root)
+
+
+def failure_record(run: RunConfig, status: str, error: str, duration: float) -> dict:
+    info = framework_info(run.framework)
+    spec = get_model(run.model)
+    return empty_record(
+        run_id=run.run_id, campaign=run.campaign, config_hash=run.config_hash,
+        framework=run.framework, framework_label=info.label, mode=run.mode,
+        synchronous=int(run.mode in info.synchronous_modes), model=run.model,
+        params=spec.total_params, flops=spec.total_flops, device_kind=run.device,
+        nodes=run.nodes, workers_per_node=run.workers_per_node, world_size=run.world_size,
+        batch_per_worker=run.batch_per_worker, global_batch=run.global_batch, scaling="weak",
+        dtype=run.dtype, layout=run.layout, data=run.data, warmup=run.warmup,
+        iterations=run.iterations, repeats=run.repeats,
+        threads_per_worker=run.threads_per_worker, git_revision=run.git_revision,
+        status=status, error=error, duration_s=duration)
+
+
+def execute(run: RunConfig, python: str, campaign: planning.Campaign, on_progress) -> dict:
+    """One run through the local transport; always returns a record (ok or failure)."""
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    info = framework_info(run.framework)
+    run_dir = Path(run.rank_dir)
+    Path(run.record_path).unlink(missing_ok=True)
+    outcome = run_local(run, python, run_dir, info.rendezvous, REPO_ROOT, campaign.timeout,
+                        on_progress)
+    record_path = Path(run.record_path)
+    if outcome.status == "ok" and record_path.exists():
+        record = json.loads(record_path.read_text())
+    elif outcome.status == "ok":
+        record = failure_record(run, "failed", "rank 0 exited without writing a record",
+                                outcome.duration_s)
+    else:
+        status = "failed" if outcome.status == "unavailable" else outcome.status
+        record = failure_record(run, status, outcome.error or "", outcome.duration_s)
+    record.update(started_at=started, duration_s=outcome.duration_s)
+    return record
+
+
+def run_all(campaign, runs, pending, pythons, store) -> list[dict]:
+    """Run the pending runs with a campaign bar and a per-run bar; store each record."""
+    records = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task("campaign", total=len(pending))
+        for run in pending:
+            task = progress.add_task(f"  {run.run_id}", total=None)
+
+            def update(state, task=task):
+                if state:
+                    progress.update(task, completed=state[0], total=state[1])
+
+            python = pythons[framework_info(run.framework).env]
+            record = execute(run, python, campaign, update)
+            store.add(record)
+            records.append(record)
+            progress.update(task, description=f"  {run.run_id} [{record['status']}]")
+            progress.remove_task(task) if record["status"] == "ok" else None
+            progress.advance(overall)
+            if record["status"] != "ok":
+                console.print(f"[red]{run.run_id}: {record['status']}:[/red] "
+                              f"{(record['error'] or '').splitlines()[0] if record['error'] else ''}")
+    return records
+
+
+def run_campaign_cli(args, argv: list[str]) -> int:
+    from analysis.report import build_report
+    from analysis.store import ResultStore, StoreError
+    from analysis.summary import print_summary
+
+    try:
+        campaign = campaign_from_args(args)
+        runs = planning.expand(campaign)
+        if not args.dry_run:
+            planning.check_out_dir(campaign.out)
+        store = None if args.dry_run and not (campaign.out / "results.sqlite").exists() \
+            else ResultStore.for_campaign(campaign.out)
+        stored = store.run_ids() if store else set()
+        if args.retry_failed and store:
+            stored = store.run_ids(status="ok")
+        print_plan(campaign, runs, stored)
+        if args.dry_run:
+            return 0
+        pythons = prepare_environments(campaign)
+        pending = [run for run in runs if run.run_id not in stored]
+        prepare_data(campaign, pending)
+    except (planning.UsageError, EnvBuildError, StoreError) as error:
+        print(f"dlcompare: error: {error}", file=sys.stderr)
+        return 2
+    store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
+    store.set_meta("settings", json.dumps(planning.campaign_summary(campaign), default=str))
+    try:
+        records = run_all(campaign, runs, pending, pythons, store)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stored runs are kept; run the same command "
+                      "again to resume[/yellow]")
+        return 130
+    report = build_report(campaign.out)
+    print_summary(campaign.out)
+    console.print(f"report: {report}")
+    failed = [r for r in records if r["status"] != "ok"]
+    return 1 if failed else 0

@@ -1,0 +1,85 @@
+"""`python -m launchers.compare`: run frameworks x models x topologies, store, report.
+
+    python -m launchers.compare --frameworks torch --model googlenet
+
+The first call builds the launcher's own environment and each framework's environment
+(pinned, cached); later calls reuse them. Every run is appended to the campaign's store as it
+finishes, so the same command with the same --out resumes where it stopped. Exit codes: 0 all
+runs ok, 1 some run failed or timed out (recorded; the campaign went on), 2 bad input,
+130 interrupted (what was measured is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launchers.envs import reexec_in_host_env
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"dlcompare: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="python -m launchers.compare",
+        description="Compare deep-learning frameworks and gradient-aggregation schemes "
+                    "training the same CNN. Every default is shown in the plan printed first.")
+    parser.add_argument("--frameworks", default="torch",
+                        help="comma list of FRAMEWORK[:MODE], e.g. torch or tf:collective,tf:ps "
+                             "(default: %(default)s)")
+    parser.add_argument("--model", default="googlenet",
+                        help="model name or comma list (python -m models list); "
+                             "default: %(default)s")
+    parser.add_argument("--workers", default=None,
+                        help="worker processes per node, comma list (default: 1,2 on CPU; "
+                             "1,2,4.. up to the GPUs present)")
+    parser.add_argument("--nodes", default="1", help="node counts, comma list (default: 1)")
+    parser.add_argument("--batch-size", default=None,
+                        help="per-worker batch, comma list (default: per model and device)")
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="timed iterations per repeat (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed iterations first (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed repeats; median and spread are over these (default: %(default)s)")
+    parser.add_argument("--profile-iterations", type=int, default=3,
+                        help="iterations of each profile kind (default: %(default)s)")
+    parser.add_argument("--data", choices=("synthetic", "files"), default="synthetic",
+                        help="in-memory synthetic batches or generated JPEG files "
+                             "(default: %(default)s)")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="default: %(default)s (GPU when nvidia-smi finds one)")
+    parser.add_argument("--out", default="results/campaign",
+                        help="campaign folder: store, tables, figures, report (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="hard limit per run in seconds (default: %(default)s)")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="NHWC memory layout where the framework supports it")
+    parser.add_argument("--no-dropout", action="store_true",
+                        help="disable dropout (deterministic runs)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
+    parser.add_argument("--loader-workers", type=int, default=2,
+                        help="data-loader processes per worker with --data files (default: 2)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="run again the runs stored as failed or timeout")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan only")
+    parser.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)  # tests only
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)  # usage errors before any environment is built
+    reexec_in_host_env("launchers.compare", argv)
+    from launchers.campaign import run_campaign_cli
+
+    return run_campaign_cli(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Per-framework virtual environments built from pinned requirement files, and the bootstrap
+that moves the launcher itself into its own environment.
+
+Frameworks' dependencies clash (MXNet 1.9 needs NumPy < 1.24, TensorFlow a new NumPy), so each
+framework runs in its own virtualenv built from `envs/<name>.txt`, the same pins the Docker
+images use. An environment lives in `$DLCOMPARE_HOME/envs/<name>-<digest>`, where the digest
+covers the requirement file and the interpreter, so changing a pin builds a new one and an
+unchanged one is reused: a second campaign installs nothing.
+
+Standard library only: this module runs before any environment exists.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HOST_ENV = "host"
+COMPLETE_MARKER = ".dlcompare-complete"
+BOOTSTRAP_VAR = "DLCOMPARE_HOST_ENV"
+
+
+class EnvBuildError(RuntimeError):
+    """An environment could not be built; the message is one line and names the log."""
+
+
+def dlcompare_home() -> Path:
+    return Path(os.environ.get("DLCOMPARE_HOME", "~/.cache/dlcompare")).expanduser()
+
+
+def requirements_dir() -> Path:
+    """Where the pinned requirement files are; overridable for tests of broken pins."""
+    return Path(os.environ.get("DLCOMPARE_REQUIREMENTS", REPO_ROOT / "envs"))
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    path: Path
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    @property
+    def ready(self) -> bool:
+        return (self.path / COMPLETE_MARKER).exists()
+
+
+def requirements_file(name: str) -> Path:
+    path = requirements_dir() / f"{name}.txt"
+    if not path.exists():
+        raise EnvBuildError(f"no requirement file for environment {name!r} ({path})")
+    return path
+
+
+def base_interpreter(requirements: str) -> str:
+    """The interpreter a requirement file asks for with a '# python: X.Y' line, else ours.
+
+    Searched on PATH and among pyenv's versions; never assumed to exist.
+    """
+    match = re.search(r"^#\s*python:\s*(\d+\.\d+)\s*$", requirements, re.MULTILINE)
+    if not match:
+        return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    version = match.group(1)
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser()
+    for candidate in sorted(pyenv_root.glob(f"versions/{version}.*/bin/python{version}")):
+        return str(candidate)
+    raise EnvBuildError(f"environment needs Python {version}, which is not on this machine")
+
+
+def environment_for(name: str) -> Environment:
+    requirements = requirements_file(name).read_text()
+    interpreter = base_interpreter(requirements)
+    digest = hashlib.sha256(f"{requirements}\n{interpreter}".encode()).hexdigest()[:12]
+    return Environment(name, dlcompare_home() / "envs" / f"{name}-{digest}")
+
+
+def ensure_environment(name: str, log=None) -> Environment:
+    """Return the ready environment `name`, building it first if needed.
+
+    Built into a '.partial' folder and renamed when pip succeeded, under a file lock, so an
+    interrupted or concurrent build never leaves a half environment that looks ready.
+    """
+    env = environment_for(name)
+    if env.ready:
+        return env
+    env.path.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if env.ready:
+            return env
+        if log:
+            log(f"building environment {name!r} in {env.path} (once; later runs reuse it)")
+        build_environment(env)
+    return env
+
+
+def build_environment(env: Environment) -> None:
+    requirements = requirements_file(env.name)
+    partial = env.path.with_name(env.path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    log_path = env.path.with_name(env.path.name + ".build.log")
+    interpreter = base_interpreter(requirements.read_text())
+    with open(log_path, "w") as log:
+        steps = [
+            [interpreter, "-m", "venv", str(partial)],
+            [str(partial / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+             "-r", str(requirements)],
+        ]
+        for command in steps:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+            if result.returncode != 0:
+                raise EnvBuildError(
+                    f"environment {env.name!r} could not be built: {last_error_line(log_path)}"
+                    f" (full log: {log_path})")
+    (partial / COMPLETE_MARKER).write_text(requirements.read_text())
+    shutil.rmtree(env.path, ignore_errors=True)
+    partial.rename(env.path)
+
+
+def last_error_line(log_path: Path) -> str:
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines()
+             if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("ERROR") or "Error" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def reexec_in_host_env(module: str, argv: list[str]) -> None:
+    """Make sure this process runs in the launcher's own environment (envs/host.txt).
+
+    The README's commands are run with any Python 3; the first time, this builds the host
+    environment (pandas, seaborn, rich, pytest ...), then replaces the process with the same
+    command inside it. Set DLCOMPARE_NO_BOOTSTRAP=1 to run in the current interpreter.
+    """
+    if os.environ.get("DLCOMPARE_NO_BOOTSTRAP") == "1" or os.environ.get(BOOTSTRAP_VAR):
+        return
+    try:
+        env = ensure_environment(HOST_ENV, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except EnvBuildError as error:
+        print(f"dlcompare: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    os.environ[BOOTSTRAP_VAR] = str(env.path)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.execv(str(env.python), [str(env.python), "-m", module, *argv])

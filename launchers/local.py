@@ -1,0 +1,174 @@
+"""Local transport: every rank of a run as a subprocess of this machine, in one process group.
+
+All ranks (and whatever they start: data-loader workers, helper threads' processes) share one
+process group, so a timeout or any rank's failure ends the whole run with one killpg; a sweep
+over descendants catches anything that left the group. Each rank's stderr goes to a file in
+the run folder, and the failing rank's tail becomes the record's error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from adapters.base import RunConfig
+from launchers.rendezvous import Placement, Rendezvous
+
+EXIT_UNAVAILABLE = 3  # the worker's exit code when the framework cannot run here
+POLL_SECONDS = 0.1
+TAIL_LINES = 25
+
+
+@dataclass
+class RunOutcome:
+    status: str  # ok, failed, timeout, unavailable
+    error: str | None
+    duration_s: float
+
+
+def stderr_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Cap every math library's threads so ranks sharing a machine do not oversubscribe it."""
+    value = str(max(1, threads))
+    return {name: value for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                     "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")}
+
+
+class ProcessGroupRun:
+    """The ranks of one run, started together and ended together."""
+
+    def __init__(self, config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str,
+                 cwd: Path):
+        self.config = config
+        self.run_dir = run_dir
+        placements = [Placement(rank, rank % config.workers_per_node, config.world_size)
+                      for rank in range(config.world_size)]
+        self.rendezvous = Rendezvous(rendezvous_kind, placements)
+        self.placements = placements
+        self.python = python
+        self.cwd = cwd
+        self.processes: list[subprocess.Popen] = []
+        self.pgid: int | None = None
+
+    def start(self, run_json: Path) -> None:
+        base = {**os.environ, **thread_env(self.config.threads_per_worker),
+                "PYTHONPATH": str(self.cwd), "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        base.pop("DLCOMPARE_HOST_ENV", None)
+        for place in self.placements:
+            env = {**base, **self.rendezvous.rank_env(place)}
+            stderr = open(self.run_dir / f"rank{place.rank}.stderr", "wb")
+            stdout = open(self.run_dir / f"rank{place.rank}.stdout", "wb")
+            process = subprocess.Popen(
+                [self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd, env=env,
+                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                process_group=0 if self.pgid is None else self.pgid)
+            stdout.close()
+            stderr.close()
+            if self.pgid is None:
+                self.pgid = process.pid
+            self.processes.append(process)
+
+    def wait(self, timeout: float, on_progress=None) -> RunOutcome:
+        started = time.monotonic()
+        try:
+            while True:
+                codes = [p.poll() for p in self.processes]
+                failed = [(rank, code) for rank, code in enumerate(codes)
+                          if code is not None and code != 0]
+                if failed:
+                    return self._failure(failed, started)
+                if all(code == 0 for code in codes):
+                    return RunOutcome("ok", None, time.monotonic() - started)
+                if time.monotonic() - started > timeout:
+                    return self._timeout(codes, timeout, started)
+                if on_progress:
+                    on_progress(self.progress())
+                time.sleep(POLL_SECONDS)
+        finally:
+            self.kill()
+
+    def _failure(self, failed, started) -> RunOutcome:
+        rank, code = failed[0]
+        self.kill()  # before reading: the others may still be writing
+        tail = stderr_tail(self.run_dir / f"rank{rank}.stderr")
+        status = "unavailable" if code == EXIT_UNAVAILABLE else "failed"
+        return RunOutcome(status, f"rank {rank} exited with code {code}\n{tail}",
+                          time.monotonic() - started)
+
+    def _timeout(self, codes, timeout, started) -> RunOutcome:
+        self.kill()
+        running = [rank for rank, code in enumerate(codes) if code is None]
+        tails = "\n".join(f"--- rank {rank} stderr:\n"
+                          f"{stderr_tail(self.run_dir / f'rank{rank}.stderr', 8)}"
+                          for rank in running)
+        return RunOutcome("timeout", f"timed out after {timeout:.0f} s; ranks still running: "
+                          f"{running}\n{tails}", time.monotonic() - started)
+
+    def progress(self) -> tuple[int, int] | None:
+        try:
+            done, total, _ = (self.run_dir / "progress").read_text().split()
+            return int(done), int(total)
+        except (OSError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the process group and any stray descendant, then reap every rank."""
+        if self.pgid is None:
+            return
+        strays = []
+        for process in self.processes:
+            try:
+                strays += psutil.Process(process.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for stray in strays:
+            try:
+                stray.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for process in self.processes:
+            process.wait()
+        psutil.wait_procs(strays, timeout=5)
+        wait_group_gone(self.pgid)
+
+
+def wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str, cwd: Path,
+              timeout: float, on_progress=None) -> RunOutcome:
+    """Write RUN.json, start every rank, wait for all of them or the first failure."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_json = run_dir / "RUN.json"
+    config.to_json(run_json)
+    group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd)
+    try:
+        group.start(run_json)
+    except BaseException:
+        group.kill()
+        raise
+    return group.wait(timeout, on_progress)

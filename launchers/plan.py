@@ -1,0 +1,221 @@
+"""A campaign's plan: frameworks x models x topologies x batch sizes, expanded into runs.
+
+Validation lives here so every bad input becomes one `UsageError` with a one-line message
+before anything starts or anything stored is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from adapters.base import RunConfig
+from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
+from models import MODEL_NAMES, get_model
+
+# Per-worker batch when --batch-size is not given. GPU values are the study's per-GPU batches;
+# CPU values keep one full-model iteration near a second on a small machine.
+DEFAULT_BATCH = {
+    "gpu": {"alexnet": 1024, "googlenet": 64, "resnet50": 32},
+    "cpu": {"alexnet": 16, "googlenet": 8, "resnet50": 4},
+}
+DEFAULT_TINY_BATCH = 16
+
+
+class UsageError(ValueError):
+    """Bad input; main() prints it as one line and exits with code 2."""
+
+
+def positive_ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{what} must be whole numbers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{what} must be at least 1, got {text!r}")
+    return sorted(set(values))
+
+
+def gpu_count() -> int:
+    """GPUs on this machine per nvidia-smi (0 without a driver); no framework needed."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def resolve_device(asked: str, gpus: int) -> str:
+    if asked == "auto":
+        return "gpu" if gpus > 0 else "cpu"
+    if asked == "gpu" and gpus == 0:
+        raise UsageError("--device gpu asked, but nvidia-smi finds no GPU on this machine")
+    return asked
+
+
+def default_workers(device: str, gpus: int) -> list[int]:
+    """1, 2, 4 ... up to the GPUs present; on a CPU 1 and 2 processes."""
+    if device == "cpu":
+        return [1, 2]
+    counts, n = [], 1
+    while n <= gpus:
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def default_batch(model: str, device: str) -> int:
+    return DEFAULT_BATCH[device].get(model, DEFAULT_TINY_BATCH)
+
+
+def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
+    entries = [part for part in text.split(",") if part.strip()]
+    if not entries:
+        raise UsageError("--frameworks is empty")
+    try:
+        return list(dict.fromkeys(parse_framework_mode(part) for part in entries))
+    except UnknownFramework as error:
+        raise UsageError(str(error)) from None
+
+
+def parse_models(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in MODEL_NAMES:
+            raise UsageError(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})")
+    if not names:
+        raise UsageError("--model is empty")
+    return names
+
+
+def parse_fault(text: str | None) -> dict | None:
+    """'crash:RANK[:STEP]' or 'hang:RANK[:STEP]' (test-only)."""
+    if not text:
+        return None
+    parts = text.split(":")
+    if parts[0] not in ("crash", "hang") or len(parts) > 3:
+        raise UsageError(f"--inject-fault takes crash:RANK[:STEP] or hang:RANK[:STEP], got {text!r}")
+    try:
+        rank = int(parts[1]) if len(parts) > 1 else 0
+        step = int(parts[2]) if len(parts) > 2 else 1
+    except ValueError:
+        raise UsageError(f"--inject-fault rank and step must be numbers, got {text!r}") from None
+    return {"kind": parts[0], "rank": rank, "at": step}
+
+
+@dataclass
+class Campaign:
+    """Resolved settings of one campaign, every default filled in (the plan prints them)."""
+
+    frameworks: list[tuple[FrameworkInfo, str]]
+    models: list[str]
+    workers: list[int]
+    nodes: list[int]
+    batch_sizes: list[int] | None  # None: per model, DEFAULT_BATCH
+    iterations: int
+    warmup: int
+    repeats: int
+    profile_iterations: int
+    data: str
+    device: str
+    out: Path
+    timeout: float
+    channels_last: bool
+    dropout: bool
+    seed: int
+    loader_workers: int
+    fault: dict | None = None
+    git_revision: str = ""
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    def batches_for(self, model: str) -> list[int]:
+        return self.batch_sizes or [default_batch(model, self.device)]
+
+    def threads_per_worker(self, workers_per_node: int) -> int:
+        return max(1, self.cpus // workers_per_node)
+
+
+def config_hash(settings: dict) -> str:
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def expand(campaign: Campaign) -> list[RunConfig]:
+    """One RunConfig per framework x model x nodes x workers x batch, in a stable order."""
+    runs = []
+    for info, mode in campaign.frameworks:
+        for model in campaign.models:
+            for nodes in campaign.nodes:
+                for workers in campaign.workers:
+                    for batch in campaign.batches_for(model):
+                        runs.append(make_run(campaign, info, mode, model, nodes, workers, batch))
+    return runs
+
+
+def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nodes: int,
+             workers: int, batch: int) -> RunConfig:
+    measured = dict(
+        framework=info.name, mode=mode, model=model, nodes=nodes, workers_per_node=workers,
+        batch_per_worker=batch, device=campaign.device, iterations=campaign.iterations,
+        warmup=campaign.warmup, repeats=campaign.repeats,
+        profile_iterations=campaign.profile_iterations, data=campaign.data,
+        dropout=campaign.dropout, seed=campaign.seed, loader_workers=campaign.loader_workers,
+        threads_per_worker=campaign.threads_per_worker(workers),
+        options={"channels_last": campaign.channels_last},
+        layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
+    )
+    digest = config_hash(measured)
+    run_id = f"{info.name}-{mode}-{model}-{nodes}x{workers}-b{batch}-{campaign.data}-{digest[:6]}"
+    run_dir = campaign.out / "runs" / run_id
+    return RunConfig(run_id=run_id, campaign=campaign.out.name, config_hash=digest,
+                     record_path=str(run_dir / "record.json"), rank_dir=str(run_dir),
+                     git_revision=campaign.git_revision, **measured)
+
+
+def check_batch_fits(campaign: Campaign) -> None:
+    """Reject topologies the machine cannot hold before anything starts."""
+    for model in campaign.models:
+        get_model(model)  # raises on an inconsistent description
+    if campaign.device == "gpu":
+        gpus = gpu_count()
+        too_many = [w for w in campaign.workers if w > gpus]
+        if too_many:
+            raise UsageError(f"--workers {too_many[0]} needs {too_many[0]} GPUs per node; "
+                             f"this machine has {gpus}")
+
+
+def check_out_dir(out: Path) -> None:
+    """Fail early and in one line if results could not be stored."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(f"--out {out} is not writable: {error.strerror or error}") from None
+
+
+def git_revision(repo: Path) -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (head or "unknown") + ("-dirty" if dirty.strip() else "")
+
+
+def campaign_summary(campaign: Campaign) -> dict:
+    """The settings as plain values, for the printed plan and the store's metadata."""
+    data = asdict(campaign)
+    data["frameworks"] = [f"{info.name}:{mode}" for info, mode in campaign.frameworks]
+    data["out"] = str(campaign.out)
+    return data

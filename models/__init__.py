@@ -1,0 +1,16 @@
+"""Framework-neutral descriptions of the study's networks (AlexNet, GoogleNet, ResNet-50).
+
+Imports NumPy and the standard library only, so every framework environment can use it.
+"""
+
+from .layers import LRN, BatchNorm, Concat, Conv2d, Dropout, Flatten, Linear, Pool2d, ReLU, \
+    Residual, Sequential
+from .spec import LayerStats, ModelSpec
+from .weights import canonical_weights, load_npz, save_npz
+from .zoo import MODEL_NAMES, UnknownModel, get_model
+
+__all__ = [
+    "BatchNorm", "Concat", "Conv2d", "Dropout", "Flatten", "LRN", "LayerStats", "Linear",
+    "MODEL_NAMES", "ModelSpec", "Pool2d", "ReLU", "Residual", "Sequential", "UnknownModel",
+    "canonical_weights", "get_model", "load_npz", "save_npz",
+]

@@ -1,0 +1,16 @@
+"""`python -m tests [pytest args]`: the project's one test command (README, .ci/run).
+
+Builds (once) the launcher's environment from envs/host.txt, then runs pytest in it. Tests
+that need a framework build that framework's environment themselves, so this command is all
+the set-up a clean clone needs besides the system packages .ci/run installs.
+"""
+
+import sys
+
+from launchers.envs import reexec_in_host_env
+
+if __name__ == "__main__":
+    reexec_in_host_env("tests", sys.argv[1:])
+    import pytest
+
+    sys.exit(pytest.main(["-ra", "tests", *sys.argv[1:]]))

@@ -1,0 +1,109 @@
+"""Realistic result records for the analysis tests, and a campaign folder built from them.
+
+The other ``test_analysis_*`` modules import `make_records` / `make_campaign` from here.
+The numbers are chosen so that speedup and efficiency can be checked by hand:
+PyTorch DDP t(1) = 0.100 s, t(2) = 0.125 s  ->  S(2) = 2 * 0.100 / 0.125 = 1.6, E = 0.8;
+MXNet dist_sync t(1) = 0.120 s, t(2) = 0.160 s  ->  S(2) = 1.5, E = 0.75.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.record import PHASES, RUN_COLUMNS, empty_record, phase_entry
+
+BATCH = 16
+MODEL = "alexnet"
+
+# label -> (framework, mode, {world_size: iteration time median in s})
+FRAMEWORKS = {
+    "PyTorch DDP": ("torch", "ddp", {1: 0.100, 2: 0.125}),
+    "MXNet dist_sync": ("mxnet", "dist_sync", {1: 0.120, 2: 0.160}),
+}
+
+FAILED_ERROR = (
+    "Traceback (most recent call last):\n"
+    '  File "adapters/worker.py", line 88, in main\n'
+    "    trainer.step()\n"
+    "RuntimeError: rank 1 lost connection to parameter server <ps:0> & gave up\n"
+)
+
+
+def _phases(t_iter: float, world_size: int) -> list[dict]:
+    """Plausible per-phase times summing to about t_iter; communication only with peers."""
+    comm = 0.0 if world_size == 1 else 0.3 * t_iter
+    rest = t_iter - 0.5 * comm  # half of communication hidden behind backward
+    shares = {"io": 0.02, "h2d": 0.0, "forward": 0.33, "backward": 0.6, "update": 0.05}
+    entries = []
+    for name in PHASES:
+        measured = comm if name == "comm" else rest * shares[name]
+        predicted = None if measured == 0 else measured * 1.1
+        entries.append(phase_entry(name, measured, predicted))
+    return entries
+
+
+def make_record(label: str, framework: str, mode: str, world_size: int, t_iter: float,
+                campaign: str = "test-campaign", **overrides) -> dict:
+    """One successful record filled with plausible numbers around median `t_iter`."""
+    record = empty_record(
+        run_id=f"{framework}-{mode}-{MODEL}-w{world_size}-b{BATCH}",
+        campaign=campaign, config_hash=f"h{abs(hash((framework, mode, world_size))) % 10**8:08d}",
+        framework=framework, framework_label=label, mode=mode, synchronous=1,
+        model=MODEL, params=60_965_224, flops=727_000_000,
+        device_kind="cpu", device_name="Intel Xeon Platinum 8375C", nodes=1,
+        workers_per_node=world_size, world_size=world_size, batch_per_worker=BATCH,
+        global_batch=BATCH * world_size, scaling="weak", dtype="float32", layout="NCHW",
+        data="synthetic", warmup=5, iterations=20, repeats=5, threads_per_worker=1,
+        iter_time_median=t_iter, iter_time_p10=t_iter * 0.95, iter_time_p90=t_iter * 1.08,
+        iter_time_std=t_iter * 0.04, throughput=BATCH * world_size / t_iter,
+        throughput_per_worker=BATCH / t_iter, profile_iter_time=t_iter * 1.05,
+        overlap=None if world_size == 1 else 0.5, loss_first=6.91, loss_last=6.80,
+        predicted_iter_time=t_iter * 1.1, prediction_error=0.1,
+        git_revision="abc1234", status="ok", started_at=f"2024-05-01T10:{world_size:02d}:00",
+        duration_s=42.0,
+    )
+    record["phases"] = _phases(t_iter, world_size)
+    record["env"] = {"python": "3.11.9", "cpu": "Intel Xeon Platinum 8375C", "gpu": "none",
+                     "versions": {framework: "2.3.0" if framework == "torch" else "1.9.1"}}
+    record["extra"] = {"threads": 1}
+    record.update(overrides)
+    return record
+
+
+def make_failed_record() -> dict:
+    """A run that failed: identity and topology known, no measurements, an error tail."""
+    return empty_record(
+        run_id=f"tf-ps-{MODEL}-w2-b{BATCH}", campaign="test-campaign", framework="tf",
+        framework_label="TensorFlow PS", mode="ps", synchronous=1, model=MODEL,
+        device_kind="cpu", device_name="Intel Xeon Platinum 8375C", nodes=1, workers_per_node=2,
+        world_size=2, batch_per_worker=BATCH, global_batch=2 * BATCH, scaling="weak",
+        status="failed", error=FAILED_ERROR, started_at="2024-05-01T10:05:00", duration_s=12.5,
+        env={"python": "3.11.9", "versions": {"tf": "2.15.0"}},
+    )
+
+
+def make_records() -> list[dict]:
+    """Two frameworks x world sizes 1, 2 (all ok) plus one failed run."""
+    records = [make_record(label, fw, mode, ws, t)
+               for label, (fw, mode, times) in FRAMEWORKS.items() for ws, t in times.items()]
+    return records + [make_failed_record()]
+
+
+def make_campaign(out_dir: Path, records: list[dict] | None = None) -> Path:
+    """A campaign folder with a filled result store; returns the folder."""
+    from analysis.store import ResultStore
+
+    with ResultStore.for_campaign(out_dir) as store:
+        for record in make_records() if records is None else records:
+            store.add(record)
+        store.set_meta("command", ["python", "-m", "launchers.compare", "--frameworks", "torch,mxnet,tf"])
+    return Path(out_dir)
+
+
+def test_records_fill_every_run_column():
+    """The helper itself: every record carries the whole contract and a valid status."""
+    for record in make_records():
+        assert set(RUN_COLUMNS) <= set(record)
+        assert record["status"] in ("ok", "failed")
+    ok = [r for r in make_records() if r["status"] == "ok"]
+    assert len(ok) == 4 and all(len(r["phases"]) == len(PHASES) for r in ok)

@@ -1,0 +1,73 @@
+"""The compare launcher end to end, as a user runs it: real subprocess ranks, real store."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, worker_processes
+
+FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
+
+
+def stored_runs(out: Path) -> list[tuple]:
+    with sqlite3.connect(out / "results.sqlite") as db:
+        return db.execute("SELECT run_id, status, world_size, error FROM runs "
+                          "ORDER BY run_id").fetchall()
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory, torch_python):
+    """One real 1- and 2-worker campaign shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("campaign") / "alexnet"
+    result = run_cli("launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny",
+                     "--workers", "1,2", "--out", str(out), *FAST)
+    return out, result
+
+
+@pytest.mark.slow
+def test_campaign_writes_records_tables_figures_report(campaign):
+    out, result = campaign
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = stored_runs(out)
+    assert [(status, world) for _, status, world, _ in runs] == [("ok", 1), ("ok", 2)]
+    assert (out / "report.html").stat().st_size > 10_000
+    assert list((out / "tables").glob("*.md")) and list((out / "tables").glob("*.csv"))
+    pngs = list((out / "figures").glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert "PyTorch DDP" in result.stdout + result.stderr  # the terminal summary
+
+
+@pytest.mark.slow
+def test_same_command_again_runs_nothing(campaign):
+    out, _ = campaign
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("record.json")}
+    again = run_cli("launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny",
+                    "--workers", "1,2", "--out", str(out), *FAST)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 already stored" in again.stderr
+    assert "building environment" not in again.stderr
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("record.json")} == before
+    assert len(stored_runs(out)) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,status", [("crash:1", "failed"), ("hang:1", "timeout")])
+def test_crashing_or_hanging_rank_is_recorded_and_leaves_nothing(tmp_path, torch_python,
+                                                                fault, status):
+    out = tmp_path / "faulty"
+    started = time.monotonic()
+    result = run_cli("launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny",
+                     "--workers", "2", "--out", str(out), "--timeout", "40",
+                     "--inject-fault", fault, *FAST)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr[-3000:]
+    (run_id, stored_status, world, error), = stored_runs(out)
+    assert stored_status == status and world == 2
+    assert f"injected {fault.split(':')[0]} on rank 1" in error
+    assert elapsed < 40 + 60  # the timeout plus start-up and report
+    assert (out / "report.html").exists()  # the campaign went on to its report
+    assert worker_processes(str(out)) == []
