@@ -33,6 +33,7 @@ class RunConfig:
     device: str = "cpu"  # cpu or gpu
     nodes: int = 1
     workers_per_node: int = 1
+    servers: int = 0  # parameter servers, for the modes that have them
     warmup: int = 2
     iterations: int = 10
     repeats: int = 3
@@ -117,6 +118,13 @@ class Trainer(abc.ABC):
         self.spec = spec
         self.config = config
         self.dist = dist
+
+    @classmethod
+    def serve(cls, config: RunConfig, role: str, index: int) -> int:
+        """Play a non-worker role of the run (parameter server, scheduler) until the workers
+        are done or the launcher ends it; returns the exit code. Only adapters whose schemes
+        have such roles override this."""
+        raise NotImplementedError(f"{cls.__name__} has no {role!r} role")
 
     @abc.abstractmethod
     def load_weights(self, weights: dict[str, np.ndarray]) -> None:

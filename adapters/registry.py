@@ -26,6 +26,7 @@ class FrameworkInfo:
     modes: tuple[str, ...]  # aggregation modes; the first is the default
     synchronous_modes: tuple[str, ...]
     rendezvous: str
+    server_modes: tuple[str, ...] = ()  # modes with parameter servers (--servers N)
 
 
 FRAMEWORKS: dict[str, FrameworkInfo] = {

@@ -150,6 +150,7 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
         params=spec.total_params, flops=spec.total_flops, device_kind=config.device,
         device_name=first["device_name"], nodes=config.nodes,
         workers_per_node=config.workers_per_node, world_size=config.world_size,
+        servers=config.servers,
         batch_per_worker=config.batch_per_worker, global_batch=config.global_batch,
         scaling="weak", dtype=config.dtype, layout=first["extra"].get("layout", config.layout),
         data=config.data, warmup=config.warmup, iterations=config.iterations,
@@ -204,6 +205,10 @@ def main(argv: list[str]) -> int:
         print("usage: python -m adapters.worker RUN.json", file=sys.stderr)
         return 2
     config = RunConfig.from_json(argv[0])
+    role = os.environ.get("DLC_ROLE", "worker")
+    if role != "worker":  # a parameter server, scheduler, ...: the adapter serves the workers
+        return load_trainer(config.framework).serve(config, role,
+                                                    int(os.environ.get("DLC_ROLE_INDEX", "0")))
     dist = DistInfo.from_env()
     spec = get_model(config.model)
     try:

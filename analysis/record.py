@@ -29,6 +29,7 @@ RUN_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("nodes", "INTEGER", "nodes (hosts)"),
     ("workers_per_node", "INTEGER", "worker processes per node"),
     ("world_size", "INTEGER", "nodes * workers_per_node"),
+    ("servers", "INTEGER", "parameter servers (0 for schemes without them)"),
     ("batch_per_worker", "INTEGER", "samples per worker per iteration"),
     ("global_batch", "INTEGER", "samples per iteration over all workers"),
     ("scaling", "TEXT", "weak (fixed per-worker batch) or strong (fixed global batch)"),

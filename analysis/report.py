@@ -84,18 +84,19 @@ header dt { color: #9fb0c6; }
 header dd { margin: 0; overflow-wrap: anywhere; }
 nav { padding: .6rem 2rem; background: #fff; border-bottom: 1px solid var(--line); font-size: .92rem; }
 nav a { margin-right: 1.1rem; color: var(--accent); text-decoration: none; }
-main { max-width: 1280px; margin: 0 auto; padding: 0 2rem 3rem; }
+main { max-width: 1600px; margin: 0 auto; padding: 0 2rem 3rem; }
 section { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 1rem 1.4rem 1.2rem;
           margin-top: 1.2rem; }
 h2 { margin: .2rem 0 .6rem; font-size: 1.25rem; }
 h3 { margin: 1rem 0 .3rem; font-size: 1rem; }
 p.note { color: var(--muted); margin: .2rem 0 .8rem; }
+.figures { display: grid; grid-template-columns: repeat(auto-fit, minmax(600px, 1fr)); gap: 0 1.2rem; }
 figure { margin: .6rem 0 1rem; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); }
 figcaption { color: var(--muted); font-size: .9rem; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: .85rem; margin: .4rem 0; }
-th, td { padding: .25rem .6rem; border-bottom: 1px solid var(--line); text-align: left; white-space: nowrap; }
+th, td { padding: .25rem .5rem; border-bottom: 1px solid var(--line); text-align: left; white-space: nowrap; }
 th { background: #eef1f5; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.missing { color: #9aa3b0; text-align: center; }
@@ -115,26 +116,75 @@ def esc(value) -> str:
     return html.escape("" if tables._missing(value) else str(value), quote=True)
 
 
+# Text columns that hold numbers (aligned like numbers).
+NUMERIC_TEXT = {"iter_ms_p10_p90"}
+
+
 def _cell(column: str, value) -> str:
     """One <td>: numbers right-aligned in the column's format, missing values as a dash."""
     if tables._missing(value):
         return '<td class="missing">—</td>'
     if isinstance(value, float):
         return f'<td class="num">{format(value, tables.float_format(column))}</td>'
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f'<td class="num">{value}</td>'
+    if (isinstance(value, int) and not isinstance(value, bool)) or column in NUMERIC_TEXT:
+        return f'<td class="num">{esc(value)}</td>'
     return f"<td>{esc(value)}</td>"
+
+
+# Shorter headers for the page (the CSV and Markdown files keep the column names).
+DISPLAY_NAMES = {"framework_label": "framework", "batch_per_worker": "batch/worker", "world_size": "workers",
+                 "global_batch": "global batch", "images_per_s": "images/s",
+                 "images_per_s_per_worker": "images/s/worker", "iter_ms_median": "iter ms median",
+                 "iter_ms_p10_p90": "iter ms p10–p90", "spread_pct": "spread %",
+                 "error_last_line": "error (last line)"}
+
+
+# Columns left out of a page table when every row has the same value (said once above it).
+CONSTANT_COLUMNS = ("device", "nodes", "runs", "scaling")
+
+
+def compact(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Narrow a table for the page; return it and the constant values it left out.
+
+    The adapter's CLI name goes (the label says it); device, nodes, runs and scaling go
+    when every row has the same value; iteration time p10 and p90 become one "low–high"
+    column.  The CSV and Markdown files keep every column.
+    """
+    drop = [c for c in ("framework",) if c in table.columns and "framework_label" in table.columns]
+    constants = {}
+    if len(table) > 1 or "run_id" not in table.columns:
+        for column in CONSTANT_COLUMNS:
+            if column in table.columns and table[column].nunique(dropna=False) == 1:
+                drop.append(column)
+                constants[column] = table[column].iloc[0]
+    table = table.drop(columns=drop)
+    if {"iter_ms_p10", "iter_ms_p90"} <= set(table.columns):  # one "low–high" column
+        at = list(table.columns).index("iter_ms_p10")
+        spread = [None if tables._missing(lo) or tables._missing(hi) else f"{lo:.2f}–{hi:.2f}"
+                  for lo, hi in zip(table["iter_ms_p10"], table["iter_ms_p90"])]
+        table = table.drop(columns=["iter_ms_p10", "iter_ms_p90"])
+        table.insert(at, "iter_ms_p10_p90", spread)
+    return table, constants
+
+
+def _header(column: str) -> str:
+    return DISPLAY_NAMES.get(column, column.replace("_", " "))
 
 
 def html_table(table: pd.DataFrame) -> str:
     """A DataFrame as a plain HTML5 table (no obsolete attributes), inside a scroll box."""
     if table.empty:
         return '<p class="note">No rows.</p>'
+    table, constants = compact(table)
+    same = ""
+    if constants:
+        same = '<p class="note">In every row: ' + ", ".join(
+            f"{esc(_header(k))} = {esc(v)}" for k, v in constants.items()) + ".</p>\n"
     shown = tables.display_frame(table)
-    head = "".join(f"<th>{esc(c.replace('_', ' '))}</th>" for c in table.columns)
+    head = "".join(f"<th>{esc(_header(c))}</th>" for c in table.columns)
     body = "\n".join("<tr>" + "".join(_cell(c, _scalar(v)) for c, v in zip(table.columns, row)) + "</tr>"
                      for row in shown.itertuples(index=False))
-    return f'<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
+    return f'{same}<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
 
 
 def _scalar(value):
@@ -257,7 +307,9 @@ def table_section(name: str, table: pd.DataFrame, figure_names: list[str], made:
     """A report section: its figures, what the table means, the table, links to its files."""
     parts = [f'<section id="{name}"><h2>{esc(tables.TABLE_TITLES[name])}</h2>',
              f'<p class="note">{esc(tables.TABLE_DESCRIPTIONS[name])}</p>']
-    parts += [figure_html(f, made[f]) for f in figure_names if f in made]
+    drawn = [figure_html(f, made[f]) for f in figure_names if f in made]
+    if drawn:
+        parts.append('<div class="figures">' + "\n".join(drawn) + "</div>")
     parts.append(html_table(table))
     parts.append(f'<p class="links">Files: <a href="tables/{name}.csv">{name}.csv</a> · '
                  f'<a href="tables/{name}.md">{name}.md</a></p></section>')

@@ -180,13 +180,16 @@ class ResultStore:
         if self.path.is_dir():
             raise StoreError(f"cannot open result store {self.path}: it is a directory")
         if not self.path.parent.is_dir():
-            raise StoreError(f"cannot open result store {self.path}: folder {self.path.parent} does not exist")
+            raise StoreError(f"cannot open result store {self.path}: {self.path.parent} is not an existing folder")
+        self._conn = None
         try:
             self._conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None,
                                          check_same_thread=False)
             self._conn.row_factory = sqlite3.Row
             self._init_schema(writable_check=create)
         except sqlite3.Error as exc:
+            if self._conn is not None:
+                self._conn.close()
             raise StoreError(f"cannot open result store {self.path}: {exc}") from None
 
     @classmethod

@@ -46,6 +46,7 @@ def campaign_from_args(args) -> planning.Campaign:
         models=planning.parse_models(args.model),
         workers=workers,
         nodes=planning.positive_ints(args.nodes, "--nodes"),
+        servers=planning.positive_ints(args.servers, "--servers"),
         batch_sizes=(planning.positive_ints(args.batch_size, "--batch-size")
                      if args.batch_size else None),
         iterations=args.iterations, warmup=args.warmup, repeats=args.repeats,
@@ -114,6 +115,7 @@ def failure_record(run: RunConfig, status: str, error: str, duration: float) -> 
         synchronous=int(run.mode in info.synchronous_modes), model=run.model,
         params=spec.total_params, flops=spec.total_flops, device_kind=run.device,
         nodes=run.nodes, workers_per_node=run.workers_per_node, world_size=run.world_size,
+        servers=run.servers,
         batch_per_worker=run.batch_per_worker, global_batch=run.global_batch, scaling="weak",
         dtype=run.dtype, layout=run.layout, data=run.data, warmup=run.warmup,
         iterations=run.iterations, repeats=run.repeats,

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker processes per node, comma list (default: 1,2 on CPU; "
                              "1,2,4.. up to the GPUs present)")
     parser.add_argument("--nodes", default="1", help="node counts, comma list (default: 1)")
+    parser.add_argument("--servers", "--ps", default="1",
+                        help="parameter servers for the modes that have them, comma list "
+                             "(default: %(default)s)")
     parser.add_argument("--batch-size", default=None,
                         help="per-worker batch, comma list (default: per model and device)")
     parser.add_argument("--iterations", type=int, default=10,

@@ -1,9 +1,10 @@
-"""Local transport: every rank of a run as a subprocess of this machine, in one process group.
+"""Local transport: every process of a run as a subprocess of this machine, in one group.
 
-All ranks (and whatever they start: data-loader workers, helper threads' processes) share one
-process group, so a timeout or any rank's failure ends the whole run with one killpg; a sweep
-over descendants catches anything that left the group. Each rank's stderr goes to a file in
-the run folder, and the failing rank's tail becomes the record's error.
+All processes (workers, parameter servers, schedulers, and whatever they start: data-loader
+workers and the like) share one process group, so a timeout or any process's failure ends the
+whole run with one killpg; a sweep over descendants catches anything that left the group. The
+run succeeds when every worker exited 0; serving roles are then ended. Each process's stderr
+goes to a file in the run folder, and the failing one's tail becomes the record's error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from adapters.base import RunConfig
-from launchers.rendezvous import Placement, Rendezvous
+from launchers.rendezvous import ProcessSpec, processes_for
 
 EXIT_UNAVAILABLE = 3  # the worker's exit code when the framework cannot run here
 POLL_SECONDS = 0.1
@@ -48,16 +49,13 @@ def thread_env(threads: int) -> dict[str, str]:
 
 
 class ProcessGroupRun:
-    """The ranks of one run, started together and ended together."""
+    """The processes of one run, started together and ended together."""
 
     def __init__(self, config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str,
                  cwd: Path):
         self.config = config
         self.run_dir = run_dir
-        placements = [Placement(rank, rank % config.workers_per_node, config.world_size)
-                      for rank in range(config.world_size)]
-        self.rendezvous = Rendezvous(rendezvous_kind, placements)
-        self.placements = placements
+        self.specs: list[ProcessSpec] = processes_for(rendezvous_kind, config)
         self.python = python
         self.cwd = cwd
         self.processes: list[subprocess.Popen] = []
@@ -67,14 +65,13 @@ class ProcessGroupRun:
         base = {**os.environ, **thread_env(self.config.threads_per_worker),
                 "PYTHONPATH": str(self.cwd), "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo"}
         base.pop("DLCOMPARE_HOST_ENV", None)
-        for place in self.placements:
-            env = {**base, **self.rendezvous.rank_env(place)}
-            stderr = open(self.run_dir / f"rank{place.rank}.stderr", "wb")
-            stdout = open(self.run_dir / f"rank{place.rank}.stdout", "wb")
+        for spec in self.specs:
+            stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
+            stdout = open(self.run_dir / f"{spec.name}.stdout", "wb")
             process = subprocess.Popen(
-                [self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd, env=env,
-                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                process_group=0 if self.pgid is None else self.pgid)
+                [self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd,
+                env={**base, **spec.env}, stdout=stdout, stderr=stderr,
+                stdin=subprocess.DEVNULL, process_group=0 if self.pgid is None else self.pgid)
             stdout.close()
             stderr.close()
             if self.pgid is None:
@@ -86,11 +83,11 @@ class ProcessGroupRun:
         try:
             while True:
                 codes = [p.poll() for p in self.processes]
-                failed = [(rank, code) for rank, code in enumerate(codes)
+                failed = [(spec, code) for spec, code in zip(self.specs, codes)
                           if code is not None and code != 0]
                 if failed:
-                    return self._failure(failed, started)
-                if all(code == 0 for code in codes):
+                    return self._failure(*failed[0], started)
+                if all(code == 0 for spec, code in zip(self.specs, codes) if spec.is_worker):
                     return RunOutcome("ok", None, time.monotonic() - started)
                 if time.monotonic() - started > timeout:
                     return self._timeout(codes, timeout, started)
@@ -100,22 +97,22 @@ class ProcessGroupRun:
         finally:
             self.kill()
 
-    def _failure(self, failed, started) -> RunOutcome:
-        rank, code = failed[0]
+    def _failure(self, spec: ProcessSpec, code: int, started: float) -> RunOutcome:
         self.kill()  # before reading: the others may still be writing
-        tail = stderr_tail(self.run_dir / f"rank{rank}.stderr")
+        tail = stderr_tail(self.run_dir / f"{spec.name}.stderr")
         status = "unavailable" if code == EXIT_UNAVAILABLE else "failed"
-        return RunOutcome(status, f"rank {rank} exited with code {code}\n{tail}",
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return RunOutcome(status, f"{spec.role} {spec.index} {how}\n{tail}",
                           time.monotonic() - started)
 
     def _timeout(self, codes, timeout, started) -> RunOutcome:
         self.kill()
-        running = [rank for rank, code in enumerate(codes) if code is None]
-        tails = "\n".join(f"--- rank {rank} stderr:\n"
-                          f"{stderr_tail(self.run_dir / f'rank{rank}.stderr', 8)}"
-                          for rank in running)
-        return RunOutcome("timeout", f"timed out after {timeout:.0f} s; ranks still running: "
-                          f"{running}\n{tails}", time.monotonic() - started)
+        running = [spec.name for spec, code in zip(self.specs, codes) if code is None]
+        tails = "\n".join(f"--- {name} stderr:\n"
+                          f"{stderr_tail(self.run_dir / f'{name}.stderr', 8)}"
+                          for name in running)
+        return RunOutcome("timeout", f"timed out after {timeout:.0f} s; still running: "
+                          f"{', '.join(running)}\n{tails}", time.monotonic() - started)
 
     def progress(self) -> tuple[int, int] | None:
         try:

@@ -118,6 +118,7 @@ class Campaign:
     models: list[str]
     workers: list[int]
     nodes: list[int]
+    servers: list[int]
     batch_sizes: list[int] | None  # None: per model, DEFAULT_BATCH
     iterations: int
     warmup: int
@@ -154,16 +155,18 @@ def expand(campaign: Campaign) -> list[RunConfig]:
         for model in campaign.models:
             for nodes in campaign.nodes:
                 for workers in campaign.workers:
-                    for batch in campaign.batches_for(model):
-                        runs.append(make_run(campaign, info, mode, model, nodes, workers, batch))
+                    for servers in (campaign.servers if mode in info.server_modes else [0]):
+                        for batch in campaign.batches_for(model):
+                            runs.append(make_run(campaign, info, mode, model, nodes, workers,
+                                                 servers, batch))
     return runs
 
 
 def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nodes: int,
-             workers: int, batch: int) -> RunConfig:
+             workers: int, servers: int, batch: int) -> RunConfig:
     measured = dict(
         framework=info.name, mode=mode, model=model, nodes=nodes, workers_per_node=workers,
-        batch_per_worker=batch, device=campaign.device, iterations=campaign.iterations,
+        servers=servers, batch_per_worker=batch, device=campaign.device, iterations=campaign.iterations,
         warmup=campaign.warmup, repeats=campaign.repeats,
         profile_iterations=campaign.profile_iterations, data=campaign.data,
         dropout=campaign.dropout, seed=campaign.seed, loader_workers=campaign.loader_workers,
@@ -172,7 +175,9 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
         layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
     )
     digest = config_hash(measured)
-    run_id = f"{info.name}-{mode}-{model}-{nodes}x{workers}-b{batch}-{campaign.data}-{digest[:6]}"
+    servers_part = f"-ps{servers}" if servers else ""
+    run_id = (f"{info.name}-{mode}-{model}-{nodes}x{workers}{servers_part}-b{batch}-"
+              f"{campaign.data}-{digest[:6]}")
     run_dir = campaign.out / "runs" / run_id
     return RunConfig(run_id=run_id, campaign=campaign.out.name, config_hash=digest,
                      record_path=str(run_dir / "record.json"), rank_dir=str(run_dir),
