@@ -89,10 +89,14 @@ class DistInfo:
 
     @classmethod
     def from_env(cls) -> "DistInfo":
+        """DLC_* where the launcher set them, else what mpirun (OpenMPI) tells each rank."""
+        def first(*names: str, default: str) -> int:
+            return int(next((os.environ[n] for n in names if n in os.environ), default))
+
         return cls(
-            rank=int(os.environ.get("DLC_RANK", "0")),
-            world_size=int(os.environ.get("DLC_WORLD_SIZE", "1")),
-            local_rank=int(os.environ.get("DLC_LOCAL_RANK", "0")),
+            rank=first("DLC_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default="0"),
+            world_size=first("DLC_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default="1"),
+            local_rank=first("DLC_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"),
         )
 
     @property

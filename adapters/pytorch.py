@@ -143,7 +143,8 @@ class TorchTrainer(Trainer):
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(config.options.get("cudnn_benchmark", True))
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        self.network = Network(spec, config.dropout).to(self.device, memory_format=self.memory_format)
+        self.network = Network(spec, config.dropout).to(self.device,
+                                                         memory_format=self.memory_format)
         self.model = self._wrap_distributed(self.network)
         self.optimizer = torch.optim.SGD(self.network.parameters(), lr=config.lr,
                                          momentum=config.momentum)
@@ -159,13 +160,24 @@ class TorchTrainer(Trainer):
             return torch.device("cuda", self.dist.local_rank)
         return torch.device("cpu")
 
+    @property
+    def bucket_mb(self) -> float:
+        """DDP's gradient bucket size (options.bucket_mb; PyTorch's default 25 MB)."""
+        return float(self.config.options.get("bucket_mb", 25))
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
     def _wrap_distributed(self, network):
+        """Join the process group and wrap the network in this scheme's way (DDP here)."""
         if not self.dist.distributed:
             return network
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=self.dist.rank, world_size=self.dist.world_size)
+        dist.init_process_group(self.backend, rank=self.dist.rank,
+                                world_size=self.dist.world_size)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(network, device_ids=device_ids)
+        return nn.parallel.DistributedDataParallel(network, device_ids=device_ids,
+                                                   bucket_cap_mb=self.bucket_mb)
 
     def _input_pipeline(self):
         pin = self.device.type == "cuda"
@@ -197,7 +209,7 @@ class TorchTrainer(Trainer):
         if missing or unexpected:
             raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
-        if self.dist.distributed:  # DDP broadcast rank 0's at wrap time; re-sync after loading
+        if dist.is_initialized():  # DDP broadcast rank 0's at wrap time; re-sync after loading
             for tensor in self.network.state_dict().values():
                 dist.broadcast(tensor, src=0)
 
@@ -227,7 +239,7 @@ class TorchTrainer(Trainer):
         images, labels = self._to_device(*next(self.batches))
         loss = F.cross_entropy(self.model(images), labels)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.backward_and_aggregate(loss)
         self.optimizer.step()
         self._loss = loss.detach()
 
@@ -240,32 +252,38 @@ class TorchTrainer(Trainer):
         loss = F.cross_entropy(self.model(images), labels)
         timer.lap("forward")
         self.optimizer.zero_grad(set_to_none=True)
-        if overlapped or not self.dist.distributed:
-            loss.backward()  # DDP's hooks all-reduce buckets during backward
-            timer.lap("backward_comm" if overlapped else "backward")
-            if not overlapped:
-                timer.laps["comm"] = 0.0
+        if overlapped:
+            self.backward_and_aggregate(loss)
+            timer.lap("backward_comm")
         else:
-            with self.model.no_sync():
-                loss.backward()
+            self.backward_local(loss)
             timer.lap("backward")
-            self._allreduce_flat()
+            if self.dist.distributed:
+                self.aggregate_after_backward()
             timer.lap("comm")
         self.optimizer.step()
         timer.lap("update")
         self._loss = loss.detach()
         return timer.laps
 
-    def _allreduce_flat(self):
-        """The whole gradient averaged in one all-reduce after backward (no overlap)."""
-        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.dist.world_size
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+    # -- the aggregation scheme: what subclasses for other schemes override ---------------------
+    def backward_and_aggregate(self, loss):
+        """Backward with gradient aggregation the scheme's normal way: DDP's autograd hooks
+        all-reduce 25 MB buckets while backward goes on."""
+        loss.backward()
+
+    def backward_local(self, loss):
+        """Backward only, no communication (DDP's no_sync), for the separated profile."""
+        if self.dist.distributed:
+            with self.model.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+
+    def aggregate_after_backward(self):
+        """Average the gradients across ranks once backward is done: one flat all-reduce."""
+        allreduce_flat([p.grad for p in self.network.parameters() if p.grad is not None],
+                       self.dist.world_size)
 
     def last_loss(self):
         return float(self._loss) if self._loss is not None else float("nan")
@@ -291,15 +309,25 @@ class TorchTrainer(Trainer):
         return super().device_name()
 
     def describe(self):
-        return {"backend": ("nccl" if self.device.type == "cuda" else "gloo")
-                if self.dist.distributed else "none",
-                "ddp_bucket_mb": 25 if self.dist.distributed else None,
+        return {"backend": self.backend if self.dist.distributed else "none",
+                "ddp_bucket_mb": self.bucket_mb if self.dist.distributed else None,
                 "layout": "NHWC" if self.channels_last else "NCHW",
                 "cudnn_benchmark": torch.backends.cudnn.benchmark}
 
     def close(self):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def allreduce_flat(grads: list, world_size: int) -> None:
+    """Average `grads` over all ranks in one all-reduce of their concatenation."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
 
 
 TRAINER = TorchTrainer

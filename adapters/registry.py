@@ -39,6 +39,24 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("ddp",),
         rendezvous="torch",
     ),
+    "cntk-style": FrameworkInfo(
+        name="cntk-style",
+        label="CNTK-style",
+        module="adapters.cntk_style",
+        env="torch",
+        modes=("allreduce",),
+        synchronous_modes=("allreduce",),
+        rendezvous="torch",
+    ),
+    "caffe-mpi-style": FrameworkInfo(
+        name="caffe-mpi-style",
+        label="Caffe-MPI-style",
+        module="adapters.caffe_mpi",
+        env="torch-mpi",
+        modes=("mpi",),
+        synchronous_modes=("mpi",),
+        rendezvous="mpi",
+    ),
 }
 
 

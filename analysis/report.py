@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import base64
 import html
+import json
+import re
 import shlex
 import struct
 import sys
@@ -171,17 +173,20 @@ def _header(column: str) -> str:
     return DISPLAY_NAMES.get(column, column.replace("_", " "))
 
 
-def html_table(table: pd.DataFrame) -> str:
-    """A DataFrame as a plain HTML5 table (no obsolete attributes), inside a scroll box."""
+def html_table(table: pd.DataFrame, raw_headers: bool = False) -> str:
+    """A DataFrame as a plain HTML5 table (no obsolete attributes), inside a scroll box.
+
+    `raw_headers` keeps column names as they are (when they are labels, not field names).
+    """
     if table.empty:
         return '<p class="note">No rows.</p>'
-    table, constants = compact(table)
+    table, constants = (table, {}) if raw_headers else compact(table)
     same = ""
     if constants:
         same = '<p class="note">In every row: ' + ", ".join(
             f"{esc(_header(k))} = {esc(v)}" for k, v in constants.items()) + ".</p>\n"
     shown = tables.display_frame(table)
-    head = "".join(f"<th>{esc(_header(c))}</th>" for c in table.columns)
+    head = "".join(f"<th>{esc(c if raw_headers else _header(c))}</th>" for c in table.columns)
     body = "\n".join("<tr>" + "".join(_cell(c, _scalar(v)) for c, v in zip(table.columns, row)) + "</tr>"
                      for row in shown.itertuples(index=False))
     return f'{same}<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
@@ -227,9 +232,26 @@ def env_columns(frame: pd.DataFrame, word: str) -> list[str]:
     return [c for c in frame.columns if c.startswith("env_") and word in c[len("env_"):].lower()]
 
 
+VERSION_LIKE = re.compile(r"^v?\d+(\.\d+)+")
+
+
+def _is_version_column(frame: pd.DataFrame, column: str) -> bool:
+    """An env column that holds library versions: named so, or valued like ``2.3.0``.
+
+    The env's keys are whatever each adapter reports (library names), so versions are found
+    by shape rather than by a list of framework names; Python has its own header line.
+    """
+    key = column[len("env_"):].lower()
+    if "python" in key:
+        return False
+    values = list(frame[column].dropna())
+    return "version" in key or (bool(values) and all(isinstance(v, str) and VERSION_LIKE.match(v)
+                                                      for v in values))
+
+
 def versions_by_label(frame: pd.DataFrame) -> str:
-    """'Label: key value, ...; ...' from the env columns that carry versions (not Python)."""
-    columns = [c for c in env_columns(frame, "version") if "python" not in c.lower()]
+    """'Label: lib 1.2.3, ...; ...' from the env columns that carry versions."""
+    columns = [c for c in frame.columns if c.startswith("env_") and _is_version_column(frame, c)]
     parts = []
     labels = tables.prepare(frame)["framework_label"] if len(frame) else pd.Series(dtype=object)
     for label in _unique(labels):
@@ -238,6 +260,23 @@ def versions_by_label(frame: pd.DataFrame) -> str:
         if found:
             parts.append(f"{label}: {', '.join(found)}")
     return "; ".join(parts) or "—"
+
+
+def cpu_text(frame: pd.DataFrame) -> str:
+    """CPU model names from the env, with the CPU count where one is reported."""
+    columns = env_columns(frame, "cpu")
+    counts = [c for c in columns if "count" in c]
+    text = _joined(frame, [c for c in columns if c not in counts])
+    count = _joined(frame, counts)
+    return text if count == "—" else f"{text} ({count} CPUs)"
+
+
+def gpu_text(frame: pd.DataFrame) -> str:
+    """GPUs from the env when an adapter reports them, else the names of GPU devices used."""
+    text = _joined(frame, env_columns(frame, "gpu"))
+    if text == "—" and {"device_kind", "device_name"} <= set(frame.columns):
+        text = _joined(frame[frame["device_kind"] == "gpu"], ["device_name"])
+    return text if text != "—" else "none used"
 
 
 def _short_key(column: str) -> str:
@@ -266,9 +305,34 @@ def environment_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _meta_text(value) -> str:
+    """A campaign fact as one line: an argv list as a shell command line, a list joined."""
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return shlex.join(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_meta_text(v) for v in value)
     return str(value)
+
+
+def _decoded(value):
+    """A value stored as JSON text (a dict serialised twice) becomes the dict again."""
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def meta_items(meta: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Campaign facts as (key, text) rows, nested dicts flattened as ``outer.inner``."""
+    rows = []
+    for key, value in sorted(meta.items()):
+        value = _decoded(value)
+        if isinstance(value, dict):
+            rows += meta_items(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", _meta_text(value)))
+    return rows
 
 
 # --------------------------------------------------------------------------- sections
@@ -288,14 +352,14 @@ def header_html(out_dir: Path, frame: pd.DataFrame, meta: dict) -> str:
         ("Frameworks", _joined(tables.prepare(frame), ["framework_label"]) if len(frame) else "—"),
         ("Versions", versions_by_label(frame)),
         ("Python", _joined(frame, env_columns(frame, "python"))),
-        ("CPU", _joined(frame, env_columns(frame, "cpu"))),
-        ("GPU", _joined(frame, env_columns(frame, "gpu"))),
+        ("CPU", cpu_text(frame)),
+        ("GPU", gpu_text(frame)),
         ("Git revision", _joined(frame, ["git_revision"])),
     ]
     if "image_digest" in frame.columns and frame["image_digest"].notna().any():
         facts.append(("Image digest", _joined(frame, ["image_digest"])))
-    facts += [(str(key).replace("_", " ").capitalize(), _meta_text(value))
-              for key, value in sorted(meta.items()) if key != "campaign"]
+    if "command" in meta:  # the rest of the campaign's facts are under Environment
+        facts.append(("Command", _meta_text(_decoded(meta["command"]))))
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
     items = "\n".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)
     return (f"<header><h1>dlcompare report — {esc(campaign)}</h1>\n"
@@ -333,11 +397,17 @@ def failures_section(frame: pd.DataFrame, failures: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def environment_section(frame: pd.DataFrame) -> str:
-    table = environment_table(frame)
-    return ('<section id="environment"><h2>Environment</h2>'
-            '<p class="note">What each framework\'s environment reported (from the records\' env).</p>'
-            f"{html_table(table)}</section>")
+def environment_section(frame: pd.DataFrame, meta: dict) -> str:
+    """Per-framework environment facts, then the campaign's own settings."""
+    settings = pd.DataFrame(meta_items({k: v for k, v in meta.items() if k not in ("campaign", "command")}),
+                            columns=["setting", "value"])
+    parts = ['<section id="environment"><h2>Environment</h2>',
+             '<p class="note">What each framework\'s environment reported (from the records\' env).</p>',
+             html_table(environment_table(frame), raw_headers=True)]
+    if len(settings):
+        parts += ["<h3>Campaign settings</h3>", html_table(settings)]
+    parts.append("</section>")
+    return "\n".join(parts)
 
 
 def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str, pd.DataFrame],
@@ -349,7 +419,7 @@ def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str,
         table_section("phases", built["phases"], ["phases", "prediction"], made),
         table_section("scaling", built["scaling"], ["scaling"], made),
         failures_section(frame, built["failures"]),
-        environment_section(frame),
+        environment_section(frame, meta),
     ]
     nav = " ".join(f'<a href="#{anchor}">{esc(text)}</a>' for anchor, text in (
         ("how-to-read", "How to read this"), ("throughput", "Throughput"), ("phases", "Phases"),

@@ -355,6 +355,9 @@ class ResultStore:
             flat.update(flatten("extra", json.loads(row["extra_json"] or "{}")))
             base.append(flat)
         frame = pd.DataFrame(base, columns=None if base else list(RUN_COLUMNS))
+        for column in frame.columns:
+            if column.startswith(("env_", "extra_")):  # free-form: keep 16 as 16, not 16.0
+                frame[column] = pd.Series([row.get(column) for row in base], index=frame.index, dtype=object)
         frame = _typed(frame)
         return frame.join(self._phase_columns(), on="run_id") if len(frame) else _with_phase_columns(frame)
 

@@ -51,9 +51,14 @@ def _iteration(row) -> str:
 
 
 def _efficiency_style(value) -> str:
-    """Green near-linear scaling, yellow middling, red poor: readable at a glance."""
+    """Green near-linear scaling, yellow middling, red poor: readable at a glance.
+
+    Magenta above 1.05: superlinear weak scaling is almost always a noisy baseline run.
+    """
     if tables._missing(value):
         return ""
+    if value > 1.05:
+        return "magenta"
     return "green" if value >= 0.8 else "yellow" if value >= 0.5 else "red"
 
 

@@ -196,7 +196,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         print(f"dlcompare: error: {error}", file=sys.stderr)
         return 2
     store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
-    store.set_meta("settings", json.dumps(planning.campaign_summary(campaign), default=str))
+    store.set_meta("settings", planning.campaign_summary(campaign))
     try:
         records = run_all(campaign, runs, pending, pythons, store)
     except KeyboardInterrupt:

@@ -3,9 +3,12 @@ that moves the launcher itself into its own environment.
 
 Frameworks' dependencies clash (MXNet 1.9 needs NumPy < 1.24, TensorFlow a new NumPy), so each
 framework runs in its own virtualenv built from `envs/<name>.txt`, the same pins the Docker
-images use. An environment lives in `$DLCOMPARE_HOME/envs/<name>-<digest>`, where the digest
-covers the requirement file and the interpreter, so changing a pin builds a new one and an
-unchanged one is reused: a second campaign installs nothing.
+images use. An optional `envs/<name>.nodeps.txt` is installed after it with `pip --no-deps`, for
+packages whose declared dependencies must not be resolved (tf-keras would pull the full GPU
+`tensorflow` wheel beside `tensorflow-cpu`); a requirement file cannot say --no-deps per line.
+An environment lives in `$DLCOMPARE_HOME/envs/<name>-<digest>`, where the digest covers the
+requirement files and the interpreter, so changing a pin builds a new one and an unchanged one
+is reused: a second campaign installs nothing.
 
 Standard library only: this module runs before any environment exists.
 """
@@ -62,6 +65,54 @@ def requirements_file(name: str) -> Path:
     return path
 
 
+def nodeps_requirements_file(name: str) -> Path | None:
+    """`envs/<name>.nodeps.txt`, installed with --no-deps after `<name>.txt`, if it exists."""
+    path = requirements_dir() / f"{name}.nodeps.txt"
+    return path if path.exists() else None
+
+
+def expanded_requirements(path: Path) -> str:
+    """The file's text with every `-r other.txt` it includes appended."""
+    text = path.read_text()
+    for match in re.finditer(r"^-r\s+(\S+)\s*$", text, re.MULTILINE):
+        text += "\n" + expanded_requirements(path.parent / match.group(1))
+    return text
+
+
+def requirements_text(name: str) -> str:
+    """Everything the environment is built from (the digest and the ready marker cover it)."""
+    text = expanded_requirements(requirements_file(name))
+    nodeps = nodeps_requirements_file(name)
+    return text if nodeps is None else f"{text}\n# --no-deps:\n{nodeps.read_text()}"
+
+
+def apt_packages(requirements: str) -> list[str]:
+    """System packages a requirement file asks for with '# apt: pkg pkg' lines."""
+    return [package for line in re.findall(r"^#\s*apt:\s*(.+)$", requirements, re.MULTILINE)
+            for package in line.split()]
+
+
+def ensure_apt_packages(packages: list[str], log) -> None:
+    """Install missing Debian packages (as root), or say in one line what to install."""
+    missing = [p for p in packages
+               if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True,
+                                 text=True).stdout.strip() != "install ok installed"]
+    if not missing:
+        return
+    command = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise EnvBuildError(f"needs system packages {' '.join(missing)}: run "
+                            f"'sudo {' '.join(command)}'")
+    if log:
+        log(f"installing system packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["apt-get", "update", "-qq"], command):
+        result = subprocess.run(step, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise EnvBuildError(f"could not install {' '.join(missing)}: {tail[0]}")
+
+
 def base_interpreter(requirements: str) -> str:
     """The interpreter a requirement file asks for with a '# python: X.Y' line, else ours.
 
@@ -81,7 +132,7 @@ def base_interpreter(requirements: str) -> str:
 
 
 def environment_for(name: str) -> Environment:
-    requirements = requirements_file(name).read_text()
+    requirements = requirements_text(name)
     interpreter = base_interpreter(requirements)
     digest = hashlib.sha256(f"{requirements}\n{interpreter}".encode()).hexdigest()[:12]
     return Environment(name, dlcompare_home() / "envs" / f"{name}-{digest}")
@@ -101,6 +152,7 @@ def ensure_environment(name: str, log=None) -> Environment:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if env.ready:
             return env
+        ensure_apt_packages(apt_packages(requirements_text(name)), log)
         if log:
             log(f"building environment {name!r} in {env.path} (once; later runs reuse it)")
         build_environment(env)
@@ -119,6 +171,10 @@ def build_environment(env: Environment) -> None:
             [str(partial / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
              "-r", str(requirements)],
         ]
+        nodeps = nodeps_requirements_file(env.name)
+        if nodeps is not None:
+            steps.append([str(partial / "bin" / "python"), "-m", "pip", "install",
+                          "--disable-pip-version-check", "--no-deps", "-r", str(nodeps)])
         for command in steps:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
@@ -127,7 +183,7 @@ def build_environment(env: Environment) -> None:
                 raise EnvBuildError(
                     f"environment {env.name!r} could not be built: {last_error_line(log_path)}"
                     f" (full log: {log_path})")
-    (partial / COMPLETE_MARKER).write_text(requirements.read_text())
+    (partial / COMPLETE_MARKER).write_text(requirements_text(env.name))
     shutil.rmtree(env.path, ignore_errors=True)
     partial.rename(env.path)
 

@@ -69,7 +69,7 @@ class ProcessGroupRun:
             stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
             stdout = open(self.run_dir / f"{spec.name}.stdout", "wb")
             process = subprocess.Popen(
-                [self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd,
+                [*spec.launcher, self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd,
                 env={**base, **spec.env}, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, process_group=0 if self.pgid is None else self.pgid)
             stdout.close()

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_analysis_data import make_campaign  # noqa: E402
-
-from analysis import figures, report  # noqa: E402
+from analysis import figures, report
+from tests.test_analysis_data import make_campaign
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+pytestmark = pytest.mark.slow  # starts a browser
+
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "report.png"
 
 

@@ -8,6 +8,7 @@ MXNet dist_sync t(1) = 0.120 s, t(2) = 0.160 s  ->  S(2) = 1.5, E = 0.75.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from analysis.record import PHASES, RUN_COLUMNS, empty_record, phase_entry
@@ -63,9 +64,11 @@ def make_record(label: str, framework: str, mode: str, world_size: int, t_iter: 
         duration_s=42.0,
     )
     record["phases"] = _phases(t_iter, world_size)
-    record["env"] = {"python": "3.11.9", "cpu": "Intel Xeon Platinum 8375C", "gpu": "none",
-                     "versions": {framework: "2.3.0" if framework == "torch" else "1.9.1"}}
-    record["extra"] = {"threads": 1}
+    # env as adapters/worker.py writes it: host facts plus the adapter's library versions
+    record["env"] = {"python": "3.11.9", "platform": "Linux-6.1.0-x86_64-with-glibc2.36",
+                     "cpu": "Intel Xeon Platinum 8375C", "cpu_count": 2, "numpy": "2.4.6",
+                     framework: "2.3.0" if framework == "torch" else "1.9.1", f"{framework}_threads": "1"}
+    record["extra"] = {"threads": 1, "backend": {"name": "gloo", "bucket_mb": 25}}
     record.update(overrides)
     return record
 
@@ -78,7 +81,7 @@ def make_failed_record() -> dict:
         device_kind="cpu", device_name="Intel Xeon Platinum 8375C", nodes=1, workers_per_node=2,
         world_size=2, batch_per_worker=BATCH, global_batch=2 * BATCH, scaling="weak",
         status="failed", error=FAILED_ERROR, started_at="2024-05-01T10:05:00", duration_s=12.5,
-        env={"python": "3.11.9", "versions": {"tf": "2.15.0"}},
+        env={"python": "3.11.9", "tf": "2.15.0"},
     )
 
 
@@ -96,7 +99,9 @@ def make_campaign(out_dir: Path, records: list[dict] | None = None) -> Path:
     with ResultStore.for_campaign(out_dir) as store:
         for record in make_records() if records is None else records:
             store.add(record)
-        store.set_meta("command", ["python", "-m", "launchers.compare", "--frameworks", "torch,mxnet,tf"])
+        store.set_meta("command", "python -m launchers.compare --frameworks torch,mxnet,tf")
+        # as the launcher stores it: a dict already serialised to JSON text
+        store.set_meta("settings", json.dumps({"workers": [1, 2], "batch": [BATCH], "timeout_s": 600}))
     return Path(out_dir)
 
 

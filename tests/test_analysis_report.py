@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html.parser
 import io
-import os
 import re
 import subprocess
 import sys
@@ -14,11 +13,9 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_analysis_data import make_campaign, make_record, make_records  # noqa: E402
-
-from analysis import figures, report, summary  # noqa: E402
-from analysis.store import ResultStore  # noqa: E402
+from analysis import figures, report, summary
+from analysis.store import ResultStore
+from tests.test_analysis_data import make_campaign, make_record, make_records
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -132,7 +129,8 @@ def test_report_content(campaign):
     text = campaign[1].read_text(encoding="utf-8")
     for needle in ("How to read this", "median", "p10–p90", "weak scaling", "CNTK-style", "Caffe-MPI-style",
                    "emulated", "Failures", "Environment", "test-campaign", "Intel Xeon Platinum 8375C",
-                   "abc1234", "3.11.9", "PyTorch DDP: torch 2.3.0", "launchers.compare"):
+                   "abc1234", "3.11.9", "torch 2.3.0", "MXNet dist_sync: numpy 2.4.6, mxnet 1.9.1", "launchers.compare",
+                   "Campaign settings", "settings.timeout_s", "settings.workers", "(2 CPUs)"):
         assert needle in text, needle
     failures = text[text.index('id="failures"'):]
     pre = re.search(r"<pre>(.*?)</pre>", failures, re.S).group(1)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import sys
 import threading
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_analysis_data import make_failed_record, make_record, make_records  # noqa: E402
-
-from analysis.record import PHASES, RUN_COLUMNS, empty_record  # noqa: E402
-from analysis.store import STORE_FILENAME, ResultStore, StoreError  # noqa: E402
+from analysis.record import PHASES, RUN_COLUMNS, empty_record
+from analysis.store import STORE_FILENAME, ResultStore, StoreError
+from tests.test_analysis_data import make_failed_record, make_record, make_records
 
 
 @pytest.fixture
@@ -113,7 +109,7 @@ def test_runs_frame_flattens_env_and_widens_phases(store):
     frame = store.runs_frame()
     assert len(frame) == 5
     assert set(RUN_COLUMNS) <= set(frame.columns)
-    assert {"env_python", "env_cpu", "env_versions_torch", "extra_threads"} <= set(frame.columns)
+    assert {"env_python", "env_cpu", "env_torch", "extra_threads", "extra_backend_bucket_mb"} <= set(frame.columns)
     assert all(f"phase_{p}_s" in frame.columns and f"phase_{p}_pred_s" in frame.columns for p in PHASES)
     assert str(frame["world_size"].dtype) == "Int64"
     row = frame.set_index("run_id").loc["torch-ddp-alexnet-w2-b16"]

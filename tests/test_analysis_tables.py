@@ -10,11 +10,9 @@ import sys
 import pandas as pd
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_analysis_data import FAILED_ERROR, make_campaign, make_record, make_records  # noqa: E402
-
-from analysis import tables  # noqa: E402
-from analysis.store import ResultStore  # noqa: E402
+from analysis import tables
+from analysis.store import ResultStore
+from tests.test_analysis_data import FAILED_ERROR, make_campaign, make_record, make_records
 
 
 def frame_of(tmp_path, records) -> pd.DataFrame:

@@ -1,4 +1,6 @@
-"""PyTorch adapter through the real worker: DDP over gloo with 2 ranks on loopback."""
+"""The PyTorch-compute schemes through the real worker, 2 ranks on loopback: DDP over gloo,
+CNTK-style (flat all-reduce after backward, gloo) and Caffe-MPI-style (layer-wise MPI
+all-reduce from a communication thread, started by mpirun)."""
 
 from __future__ import annotations
 
@@ -9,17 +11,38 @@ import numpy as np
 import pytest
 
 from adapters.base import RunConfig
+from adapters.registry import framework_info
 from launchers.envs import REPO_ROOT
 from launchers.local import run_local
 
 
-def check_run(tmp: Path, python: str, model: str, workers: int, batch: int, steps: int) -> Path:
+
+
+@pytest.fixture(scope="module")
+def scheme_python(request):
+    """Interpreter of each scheme's environment, built once per module."""
+    from launchers.envs import ensure_environment
+
+    cache = {}
+
+    def python_for(framework: str) -> str:
+        env = framework_info(framework).env
+        if env not in cache:
+            cache[env] = str(ensure_environment(env, log=print).python)
+        return cache[env]
+
+    return python_for
+
+
+def check_run(tmp: Path, python: str, model: str, workers: int, batch: int, steps: int,
+              framework: str = "torch") -> Path:
     """Run the worker in equivalence mode; returns the folder of its .npz dumps."""
-    out = tmp / f"{model}-w{workers}"
-    config = RunConfig(run_id=out.name, framework="torch", mode="ddp", model=model,
+    info = framework_info(framework)
+    out = tmp / f"{framework}-{model}-w{workers}"
+    config = RunConfig(run_id=out.name, framework=framework, mode=info.modes[0], model=model,
                        batch_per_worker=batch, workers_per_node=workers, dropout=False,
                        rank_dir=str(out), check={"steps": steps, "out_dir": str(out)})
-    outcome = run_local(config, python, out, "torch", REPO_ROOT, timeout=300)
+    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=300)
     assert outcome.status == "ok", outcome.error
     return out
 
@@ -30,10 +53,14 @@ def load(path: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny"])
-def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, torch_python, model):
-    two = check_run(tmp_path, torch_python, model, workers=2, batch=4, steps=1)
-    one = check_run(tmp_path, torch_python, model, workers=1, batch=8, steps=1)
+@pytest.mark.parametrize("framework,model", [
+    ("torch", "alexnet-tiny"), ("torch", "googlenet-tiny"),
+    ("cntk-style", "googlenet-tiny"), ("caffe-mpi-style", "googlenet-tiny")])
+def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, scheme_python, framework,
+                                                         model):
+    python = scheme_python(framework)
+    two = check_run(tmp_path, python, model, workers=2, batch=4, steps=1, framework=framework)
+    one = check_run(tmp_path, python, model, workers=1, batch=8, steps=1, framework=framework)
     rank0, rank1 = load(two / "weights_rank0.npz"), load(two / "weights_rank1.npz")
     single = load(one / "weights_rank0.npz")
     assert rank0.keys() == single.keys()
@@ -48,7 +75,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, torch_python,
 
     initial = canonical_weights(get_model(model))
     moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
-    print(f"{model}: max |2-rank - 1-process| = {worst:.2e}, max step change = {moved:.2e}")
+    print(f"{framework} {model}: max |2-rank - 1-process| = {worst:.2e}, max step change = {moved:.2e}")
     assert moved > 100 * max(worst, 1e-9)
 
 

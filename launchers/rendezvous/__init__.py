@@ -14,7 +14,7 @@ import importlib
 import socket
 from dataclasses import dataclass, field
 
-KINDS = ("torch",)
+KINDS = ("torch", "mpi")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -40,6 +40,7 @@ class ProcessSpec:
     index: int  # rank among the processes of its role
     host: Host
     env: dict[str, str] = field(default_factory=dict)
+    launcher: list[str] = field(default_factory=list)  # e.g. mpirun ...: starts the ranks
 
     def __post_init__(self):
         self.env.setdefault("DLC_ROLE", self.role)
