@@ -56,6 +56,8 @@ class RunConfig:
     latency: str | None = None
     fault: dict | None = None  # test-only: {"kind": "crash"|"hang", "rank": r, "at": step}
     check: dict | None = None  # equivalence mode: {"steps": n, "out_dir": path}
+    # calibration mode (launchers/calibrate.py): {"sizes": [bytes], "repeats": n, "warmup": n}
+    calibrate: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -89,14 +91,18 @@ class DistInfo:
 
     @classmethod
     def from_env(cls) -> "DistInfo":
-        """DLC_* where the launcher set them, else what mpirun (OpenMPI) tells each rank."""
+        """DLC_* where the launcher set them, else what mpirun (OpenMPI) or horovodrun tells
+        each rank."""
         def first(*names: str, default: str) -> int:
             return int(next((os.environ[n] for n in names if n in os.environ), default))
 
         return cls(
-            rank=first("DLC_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default="0"),
-            world_size=first("DLC_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default="1"),
-            local_rank=first("DLC_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"),
+            rank=first("DLC_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK",
+                       default="0"),
+            world_size=first("DLC_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE",
+                             default="1"),
+            local_rank=first("DLC_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK",
+                             default="0"),
         )
 
     @property
@@ -183,6 +189,33 @@ class Trainer(abc.ABC):
 
     def close(self) -> None:
         """Leave the process group and free the device."""
+
+    # -- inputs of the performance model (analysis/perfmodel.py); optional ------------------
+
+    def comm_scheme(self) -> dict | None:
+        """How this scheme aggregates gradients, in the terms of `analysis.perfmodel.Scheme`:
+        overlap (bool: sends during backward), granularity (whole | layer | tensor | bucket),
+        bucket_bytes / first_bucket_bytes, merge (None | greedy), algorithm (ring | tree |
+        recursive_doubling | halving_doubling | ps), servers, profile_granularity (how
+        `profile_step(overlapped=False)` communicates), plus transport (gloo, mpi, grpc ...:
+        the key calibrations are shared by) and label.  None: unknown; the model then assumes
+        the whole gradient after backward (ring all-reduce, or push/pull with servers) and
+        marks its prediction as assumed."""
+        return None
+
+    def layer_backward_profile(self) -> list[tuple[str, float]]:
+        """One local iteration (forward, backward without communication, no update) that
+        returns [(layer name, seconds from the start of backward until the layer's gradient
+        is final)] for every layer with parameters.  Frameworks that cannot observe it raise
+        NotImplementedError; the worker then splits the measured backward by FLOPs."""
+        raise NotImplementedError(f"{type(self).__name__} cannot time backward per layer")
+
+    def collective_times(self, sizes: list[int], repeats: int, warmup: int = 2) -> dict[int, list[float]]:
+        """Calibration: seconds of `repeats` runs of the scheme's collective (all-reduce, or
+        push + pull) on a float32 buffer of each size in bytes, through the framework's own
+        communication stack, every rank taking part.  Frameworks that lack it raise
+        NotImplementedError (the calibration launcher says so)."""
+        raise NotImplementedError(f"{type(self).__name__} has no collective micro-benchmark")
 
 
 class PhaseTimer:

@@ -39,6 +39,18 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("ddp",),
         rendezvous="torch",
     ),
+    "tf": FrameworkInfo(
+        name="tf",
+        label="TensorFlow",
+        module="adapters.tensorflow",
+        env="tf",
+        # collective: MultiWorkerMirroredStrategy; ps: TF1 SyncReplicasOptimizer; ps-async:
+        # TF2 ParameterServerStrategy (asynchronous); mirrored: one process over local GPUs.
+        modes=("collective", "ps", "ps-async", "mirrored"),
+        synchronous_modes=("collective", "ps", "mirrored"),
+        rendezvous="tf",
+        server_modes=("ps", "ps-async"),
+    ),
     "cntk-style": FrameworkInfo(
         name="cntk-style",
         label="CNTK-style",
@@ -56,6 +68,29 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("mpi",),
         synchronous_modes=("mpi",),
         rendezvous="mpi",
+    ),
+    "horovod": FrameworkInfo(
+        name="horovod",
+        label="Horovod",
+        module="adapters.horovod",
+        env="horovod",
+        # the transport under Horovod's fused ring all-reduce: gloo started by horovodrun,
+        # mpi started by mpirun (launchers/rendezvous/horovod.py)
+        modes=("gloo", "mpi"),
+        synchronous_modes=("gloo", "mpi"),
+        rendezvous="horovod",
+    ),
+    "mxnet": FrameworkInfo(
+        name="mxnet",
+        label="MXNet",
+        module="adapters.mxnet",
+        env="mxnet",
+        # kvstore types (adapters/mxnet.py). Names not listed are rejected here because MXNet's
+        # kv.create silently turns any name it does not know into a local store.
+        modes=("dist_sync", "dist_device_sync", "local", "device", "nccl"),
+        synchronous_modes=("dist_sync", "dist_device_sync", "local", "device", "nccl"),
+        rendezvous="dmlc",
+        server_modes=("dist_sync", "dist_device_sync"),
     ),
 }
 

@@ -10,7 +10,17 @@ campaign writes (WAL mode), and needs no server.  Tables:
 - ``phases``: a long table (run_id, phase, measured_s, predicted_s), one row per phase
   of one run, in the order the record listed them;
 - ``campaign_meta``: key/value facts about the whole campaign (command line, plan, ...),
-  values stored as JSON so lists and dicts round-trip.
+  values stored as JSON so lists and dicts round-trip;
+- ``calibration``: one row per calibrated transport and topology (`launchers.calibrate`):
+  the fitted T(n) = a + b n and the link-level alpha, beta, gamma of
+  `analysis.calibration.CalibrationFit`; a new calibration of the same framework, mode,
+  device and topology replaces the old one;
+- ``calibration_points``: its timings, one row per message size (kind ``collective``) or
+  local reduction size (kind ``reduction``): median, p10, p90 and the raw values as JSON.
+
+The performance model's predictions (`analysis.predict`) are written back onto stored runs
+with `set_predictions`: the run's predicted columns, the phases' ``predicted_s`` and
+``extra["prediction"]``.
 
 Records are validated on the way in (identity fields present, no unknown keys, values of
 the declared type) so that a typo in an adapter fails loudly at the first run instead of
@@ -26,8 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-import pandas as pd
-
+from analysis.calibration import CalibrationFit
 from analysis.record import PHASES, RUN_COLUMNS, RUN_FIELDS, STATUSES
 
 STORE_FILENAME = "results.sqlite"
@@ -49,6 +58,15 @@ PHASE_CONTEXT_COLUMNS: tuple[str, ...] = (
 )
 
 _COLUMN_TYPES: dict[str, str] = {name: sqltype for name, sqltype, _ in RUN_FIELDS}
+
+_CALIBRATION_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL"}
+CALIBRATION_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (name, _CALIBRATION_TYPES[f.type if isinstance(f.type, type) else
+                              {"str": str, "int": int, "float": float}[f.type]])
+    for name, f in CalibrationFit.__dataclass_fields__.items())
+CALIBRATION_COLUMNS: tuple[str, ...] = tuple(name for name, _ in CALIBRATION_FIELDS)
+# A calibration of the same key replaces the previous one.
+CALIBRATION_KEY: tuple[str, ...] = ("framework", "mode", "device_kind", "nodes", "workers_per_node", "servers")
 
 
 class StoreError(Exception):
@@ -228,7 +246,9 @@ class ResultStore:
         runs = set(self._existing_columns("runs"))
         return (runs >= set(RUN_COLUMNS) | {"env_json", "extra_json"}
                 and bool(self._existing_columns("phases"))
-                and bool(self._existing_columns("campaign_meta")))
+                and bool(self._existing_columns("campaign_meta"))
+                and bool(self._existing_columns("calibration"))
+                and bool(self._existing_columns("calibration_points")))
 
     def _create_tables(self) -> None:
         columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in RUN_FIELDS)
@@ -239,6 +259,14 @@ class ResultStore:
             "CREATE TABLE IF NOT EXISTS phases (run_id TEXT NOT NULL, phase TEXT NOT NULL, "
             "measured_s REAL, predicted_s REAL, PRIMARY KEY (run_id, phase))")
         self._conn.execute("CREATE TABLE IF NOT EXISTS campaign_meta (key TEXT PRIMARY KEY, value TEXT)")
+        calibration = ", ".join(f"{name} {sqltype}" for name, sqltype in CALIBRATION_FIELDS)
+        self._conn.execute(
+            f"CREATE TABLE IF NOT EXISTS calibration (calibration_id INTEGER PRIMARY KEY AUTOINCREMENT, "
+            f"{calibration}, measured_at TEXT, env_json TEXT, extra_json TEXT)")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS calibration_points (calibration_id INTEGER NOT NULL, kind TEXT NOT NULL, "
+            "bytes INTEGER NOT NULL, median_s REAL, p10_s REAL, p90_s REAL, repeats INTEGER, values_json TEXT, "
+            "PRIMARY KEY (calibration_id, kind, bytes))")
         existing = set(self._existing_columns("runs"))
         for name, sqltype, _ in RUN_FIELDS:
             if name not in existing:  # the record contract grew since this store was made
@@ -294,7 +322,133 @@ class ResultStore:
         self._transaction([("INSERT OR REPLACE INTO campaign_meta (key, value) VALUES (?, ?)",
                             (key, json.dumps(value, default=str)))])
 
+    def add_calibration(self, fit: CalibrationFit, points: dict, reduction_points: dict | None = None,
+                        measured_at: str | None = None, env: dict | None = None,
+                        extra: dict | None = None) -> int:
+        """Store one fitted calibration with its timings ({bytes: [seconds, ...]}); a stored
+        calibration with the same framework, mode, device and topology is replaced.  Returns
+        the new calibration_id."""
+        from analysis.calibration import summarize
+
+        row = fit.as_row()
+        names = ", ".join(CALIBRATION_COLUMNS + ("measured_at", "env_json", "extra_json"))
+        marks = ", ".join("?" * (len(CALIBRATION_COLUMNS) + 3))
+        key = " AND ".join(f"{k} = ?" for k in CALIBRATION_KEY)
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    old = [r[0] for r in self._conn.execute(
+                        f"SELECT calibration_id FROM calibration WHERE {key}", tuple(row[k] for k in CALIBRATION_KEY))]
+                    for calibration_id in old:
+                        self._conn.execute("DELETE FROM calibration_points WHERE calibration_id = ?", (calibration_id,))
+                        self._conn.execute("DELETE FROM calibration WHERE calibration_id = ?", (calibration_id,))
+                    cursor = self._conn.execute(
+                        f"INSERT INTO calibration ({names}) VALUES ({marks})",
+                        (*[_plain(row[k]) for k in CALIBRATION_COLUMNS], measured_at,
+                         json.dumps(env or {}, sort_keys=True, default=str),
+                         json.dumps(extra or {}, sort_keys=True, default=str)))
+                    calibration_id = cursor.lastrowid
+                    for kind, data in (("collective", points), ("reduction", reduction_points or {})):
+                        for item in summarize(data):
+                            values = [float(v) for v in data.get(item.nbytes, data.get(str(item.nbytes), []))]
+                            self._conn.execute(
+                                "INSERT INTO calibration_points (calibration_id, kind, bytes, median_s, p10_s, "
+                                "p90_s, repeats, values_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                (calibration_id, kind, item.nbytes, item.median, item.p10, item.p90,
+                                 item.repeats, json.dumps(values)))
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write result store {self.path}: {exc}") from None
+        return calibration_id
+
+    def set_predictions(self, predictions: Iterable[dict]) -> None:
+        """Write the performance model's predictions onto stored runs, in one transaction.
+
+        Each item: ``run_id``, ``predicted_iter_time``, ``prediction_error``, ``phases``
+        ({phase: predicted seconds}) and ``prediction`` (a dict kept as
+        ``extra["prediction"]``; None removes it).  Runs not stored are skipped; a phase
+        the run did not measure gets a row with only its prediction.
+        """
+        predictions = list(predictions)
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for item in predictions:
+                        run_id = item["run_id"]
+                        found = self._conn.execute("SELECT extra_json FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+                        if not found:
+                            continue
+                        extra = json.loads(found[0]["extra_json"] or "{}")
+                        if item.get("prediction") is None:
+                            extra.pop("prediction", None)
+                        else:
+                            extra["prediction"] = item["prediction"]
+                        self._conn.execute(
+                            "UPDATE runs SET predicted_iter_time = ?, prediction_error = ?, extra_json = ? "
+                            "WHERE run_id = ?",
+                            (_coerce("predicted_iter_time", item.get("predicted_iter_time")),
+                             _coerce("prediction_error", item.get("prediction_error")),
+                             json.dumps(extra, sort_keys=True, default=str), run_id))
+                        phases = item.get("phases") or {}
+                        self._conn.execute("UPDATE phases SET predicted_s = NULL WHERE run_id = ?", (run_id,))
+                        for phase, value in phases.items():
+                            value = _real(phase, value)
+                            updated = self._conn.execute(
+                                "UPDATE phases SET predicted_s = ? WHERE run_id = ? AND phase = ?",
+                                (value, run_id, phase)).rowcount
+                            if not updated:
+                                self._conn.execute(
+                                    "INSERT INTO phases (run_id, phase, measured_s, predicted_s) VALUES (?, ?, NULL, ?)",
+                                    (run_id, phase, value))
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write result store {self.path}: {exc}") from None
+
     # -- reading --------------------------------------------------------------------------
+
+    def calibrations(self) -> list[dict]:
+        """Every stored calibration: the `CalibrationFit` columns plus calibration_id,
+        measured_at, env and extra (decoded)."""
+        rows = self._query("SELECT * FROM calibration ORDER BY calibration_id")
+        out = []
+        for row in rows:
+            item = {k: row[k] for k in ("calibration_id", *CALIBRATION_COLUMNS, "measured_at")}
+            item["env"] = json.loads(row["env_json"] or "{}")
+            item["extra"] = json.loads(row["extra_json"] or "{}")
+            out.append(item)
+        return out
+
+    def calibration_fits(self) -> list[CalibrationFit]:
+        """The stored calibrations as `CalibrationFit` values (what the model uses)."""
+        return [CalibrationFit.from_row(row) for row in self.calibrations()]
+
+    def calibration_points(self, calibration_id: int | None = None) -> list[dict]:
+        """Stored timings (all, or one calibration's), sizes ascending, raw values decoded."""
+        sql = "SELECT * FROM calibration_points"
+        params: tuple = ()
+        if calibration_id is not None:
+            sql += " WHERE calibration_id = ?"
+            params = (calibration_id,)
+        rows = self._query(sql + " ORDER BY calibration_id, kind, bytes", params)
+        return [{**{k: row[k] for k in ("calibration_id", "kind", "bytes", "median_s", "p10_s", "p90_s", "repeats")},
+                 "values": json.loads(row["values_json"] or "[]")} for row in rows]
+
+    def calibration_frame(self):
+        """One row per stored calibration as a pandas DataFrame (columns of `calibrations`
+        without env and extra)."""
+        import pandas as pd
+
+        rows = [{k: v for k, v in row.items() if k not in ("env", "extra")} for row in self.calibrations()]
+        return pd.DataFrame(rows, columns=["calibration_id", *CALIBRATION_COLUMNS, "measured_at"])
+
 
     def _query(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -347,6 +501,8 @@ class ResultStore:
         ``phase_<name>_pred_s`` (predicted) so that tables need no join.  Every phase of
         `record.PHASES` has its columns even when no run measured it.
         """
+        import pandas as pd  # lazy: the what-if CLI reads the store without pandas
+
         rows = self._query("SELECT * FROM runs ORDER BY started_at, rowid")
         base = []
         for row in rows:
@@ -363,6 +519,8 @@ class ResultStore:
 
     def _phase_columns(self):
         """Wide per-run phase times: index run_id, columns phase_<p>_s / phase_<p>_pred_s."""
+        import pandas as pd  # lazy: the what-if CLI reads the store without pandas
+
         rows = self._query("SELECT run_id, phase, measured_s, predicted_s FROM phases ORDER BY rowid")
         long = pd.DataFrame([dict(row) for row in rows], columns=["run_id", "phase", "measured_s", "predicted_s"])
         names = list(PHASES) + [p for p in dict.fromkeys(long["phase"]) if p not in PHASES]
@@ -379,6 +537,8 @@ class ResultStore:
         Columns: run_id, phase, phase_order (position in `record.PHASES`, others after),
         measured_s, predicted_s, and `PHASE_CONTEXT_COLUMNS`.
         """
+        import pandas as pd  # lazy: the what-if CLI reads the store without pandas
+
         context = ", ".join(f"r.{name}" for name in PHASE_CONTEXT_COLUMNS)
         rows = self._query(
             f"SELECT p.run_id, p.phase, p.measured_s, p.predicted_s, {context} "
@@ -411,6 +571,8 @@ class ResultStore:
 
 def _typed(frame):
     """Give run columns stable dtypes: nullable Int64 for INTEGER, float64 for REAL."""
+    import pandas as pd  # lazy: the what-if CLI reads the store without pandas
+
     for name in frame.columns:
         sqltype = _COLUMN_TYPES.get(name)
         if sqltype == "INTEGER":
@@ -424,6 +586,8 @@ def _typed(frame):
 
 def _with_phase_columns(frame):
     """An empty runs frame still carries the phase columns."""
+    import pandas as pd  # lazy: the what-if CLI reads the store without pandas
+
     for name in PHASES:
         frame[f"phase_{name}_s"] = pd.Series(dtype="float64")
         frame[f"phase_{name}_pred_s"] = pd.Series(dtype="float64")

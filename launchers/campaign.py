@@ -25,7 +25,14 @@ from launchers.envs import REPO_ROOT, EnvBuildError, dlcompare_home, ensure_envi
 from launchers.local import run_local
 from models import get_model
 
-console = Console(stderr=True)
+
+
+def make_console(stream) -> Console:
+    """Rich console; wide when writing to a log file so run ids and tables are not cut."""
+    return Console(file=stream, width=None if stream.isatty() else 140)
+
+
+console = make_console(sys.stderr)
 
 
 def campaign_from_args(args) -> planning.Campaign:
@@ -204,7 +211,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
                       "again to resume[/yellow]")
         return 130
     report = build_report(campaign.out)
-    print_summary(campaign.out)
+    print_summary(campaign.out, make_console(sys.stdout))
     console.print(f"report: {report}")
     failed = [r for r in records if r["status"] != "ok"]
     return 1 if failed else 0

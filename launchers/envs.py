@@ -6,6 +6,10 @@ framework runs in its own virtualenv built from `envs/<name>.txt`, the same pins
 images use. An optional `envs/<name>.nodeps.txt` is installed after it with `pip --no-deps`, for
 packages whose declared dependencies must not be resolved (tf-keras would pull the full GPU
 `tensorflow` wheel beside `tensorflow-cpu`); a requirement file cannot say --no-deps per line.
+An optional `envs/<name>.build.txt` is installed last with `--no-build-isolation --no-cache-dir`,
+for packages compiled from source against what the environment already holds (Horovod against
+its torch); its `# env: NAME=VALUE` lines are set for that step only, `{envs}` in a value standing
+for the folder of the requirement files (so a helper script there can be given as, say, CXX).
 An environment lives in `$DLCOMPARE_HOME/envs/<name>-<digest>`, where the digest covers the
 requirement files and the interpreter, so changing a pin builds a new one and an unchanged one
 is reused: a second campaign installs nothing.
@@ -71,6 +75,26 @@ def nodeps_requirements_file(name: str) -> Path | None:
     return path if path.exists() else None
 
 
+def build_requirements_file(name: str) -> Path | None:
+    """`envs/<name>.build.txt`, compiled against the environment after everything else."""
+    path = requirements_dir() / f"{name}.build.txt"
+    return path if path.exists() else None
+
+
+def build_variables(text: str) -> dict[str, str]:
+    """The `# env: NAME=VALUE` lines of a build file, `{envs}` replaced by the envs folder."""
+    folder = str(requirements_dir())
+    return {name: value.strip().replace("{envs}", folder)
+            for name, value in re.findall(r"^#\s*env:\s*([A-Za-z_][A-Za-z0-9_]*)=(.*)$", text,
+                                          re.MULTILINE)}
+
+
+def build_helper_files(text: str) -> list[Path]:
+    """Files of the envs folder that a build file's variables name as `{envs}/...`."""
+    return [requirements_dir() / relative
+            for relative in re.findall(r"\{envs\}/([\w.\-/]+)", text)]
+
+
 def expanded_requirements(path: Path) -> str:
     """The file's text with every `-r other.txt` it includes appended."""
     text = path.read_text()
@@ -83,7 +107,15 @@ def requirements_text(name: str) -> str:
     """Everything the environment is built from (the digest and the ready marker cover it)."""
     text = expanded_requirements(requirements_file(name))
     nodeps = nodeps_requirements_file(name)
-    return text if nodeps is None else f"{text}\n# --no-deps:\n{nodeps.read_text()}"
+    if nodeps is not None:
+        text = f"{text}\n# --no-deps:\n{nodeps.read_text()}"
+    build = build_requirements_file(name)
+    if build is not None:  # the build step's pins, variables and helper scripts
+        build_text = build.read_text()
+        text = f"{text}\n# --no-build-isolation:\n{build_text}"
+        for helper in build_helper_files(build_text):
+            text += f"\n# {helper.name}:\n{helper.read_text()}"
+    return text
 
 
 def apt_packages(requirements: str) -> list[str]:
@@ -175,10 +207,20 @@ def build_environment(env: Environment) -> None:
         if nodeps is not None:
             steps.append([str(partial / "bin" / "python"), "-m", "pip", "install",
                           "--disable-pip-version-check", "--no-deps", "-r", str(nodeps)])
+        build = build_requirements_file(env.name)
+        build_env = {}
+        if build is not None:
+            # No cache: a wheel cached from another build (other flags) must not stand in.
+            steps.append([str(partial / "bin" / "python"), "-m", "pip", "install",
+                          "--disable-pip-version-check", "--no-build-isolation",
+                          "--no-cache-dir", "-r", str(build)])
+            build_env = build_variables(build.read_text())
         for command in steps:
-            log.write(f"$ {' '.join(command)}\n")
+            extra = build_env if build is not None and command[-1] == str(build) else {}
+            log.write("$ " + " ".join([*(f"{k}={v}" for k, v in extra.items()), *command]) + "\n")
             log.flush()
-            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **extra} if extra else None)
             if result.returncode != 0:
                 raise EnvBuildError(
                     f"environment {env.name!r} could not be built: {last_error_line(log_path)}"

@@ -68,8 +68,11 @@ class ProcessGroupRun:
         for spec in self.specs:
             stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
             stdout = open(self.run_dir / f"{spec.name}.stdout", "wb")
+            # `{python}` in a launcher item is the framework environment's interpreter
+            # (horovodrun is run as `{python} -m horovod.runner.launch`).
+            launcher = [item.replace("{python}", self.python) for item in spec.launcher]
             process = subprocess.Popen(
-                [*spec.launcher, self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd,
+                [*launcher, self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd,
                 env={**base, **spec.env}, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, process_group=0 if self.pgid is None else self.pgid)
             stdout.close()

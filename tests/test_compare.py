@@ -55,12 +55,15 @@ def test_same_command_again_runs_nothing(campaign):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault,status", [("crash:1", "failed"), ("hang:1", "timeout")])
+@pytest.mark.parametrize("framework,fault,status", [
+    ("torch", "crash:1", "failed"), ("torch", "hang:1", "timeout"),
+    ("caffe-mpi-style", "crash:1", "failed"),  # ranks started by mpirun
+])
 def test_crashing_or_hanging_rank_is_recorded_and_leaves_nothing(tmp_path, torch_python,
-                                                                fault, status):
+                                                                framework, fault, status):
     out = tmp_path / "faulty"
     started = time.monotonic()
-    result = run_cli("launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny",
+    result = run_cli("launchers.compare", "--frameworks", framework, "--model", "alexnet-tiny",
                      "--workers", "2", "--out", str(out), "--timeout", "40",
                      "--inject-fault", fault, *FAST)
     elapsed = time.monotonic() - started

@@ -14,7 +14,7 @@ import importlib
 import socket
 from dataclasses import dataclass, field
 
-KINDS = ("torch", "mpi")
+KINDS = ("torch", "mpi", "dmlc", "tf", "horovod")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,0 +1,269 @@
+"""Calibration of the communication model: fit alpha, beta (and gamma) from micro-benchmarks.
+
+`launchers.calibrate` times a collective (all-reduce, or push+pull for parameter servers)
+through each framework's own communication stack for message sizes from 1 KB to 64 MB, and a
+local elementwise sum for the reduction cost.  This module (standard library only) turns those
+timings into the model's parameters:
+
+1. per size, the median over repeats (of the slowest rank per repeat);
+2. a weighted least-squares fit of T(n) = a + b n minimising the *relative* residuals
+   sum_i ((a + b n_i - T_i) / T_i)^2, so that the latency-bound small messages weigh as much
+   as the bandwidth-bound large ones (ordinary least squares on 1 KB .. 64 MB would let the
+   largest sizes decide alone and leave a to noise);
+3. gamma = the slope of the same fit on the local reduction timings (seconds per byte summed);
+4. the link-level parameters by inverting the algorithm's coefficients
+   (`perfmodel.invert_fit`): alpha = a / k_a, beta = (b - k_g gamma) / k_b; for a ring
+   all-reduce k_a = 2(p-1), k_b = 2(p-1)/p, k_g = (p-1)/p.
+
+Bandwidths follow nccl-tests' conventions: algbw = S / t (bytes of the buffer over time);
+busbw = algbw * 2(p-1)/p for all-reduce (the bytes each link must carry, so it is comparable
+with the link's speed whatever p), (p-1)/p for all-gather / reduce-scatter, 1 for broadcast,
+reduce and point to point.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Iterable, Mapping, Sequence
+
+from analysis.perfmodel import LinkCost, invert_fit
+
+KIB = 1024
+DEFAULT_MIN_BYTES = 1 * KIB
+DEFAULT_MAX_BYTES = 64 * KIB * KIB
+
+
+def default_sizes(min_bytes: int = DEFAULT_MIN_BYTES, max_bytes: int = DEFAULT_MAX_BYTES,
+                  factor: int = 2) -> list[int]:
+    """Message sizes min, min*factor, ... up to max (nccl-tests' -b/-e/-f), multiples of 4."""
+    if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
+        raise ValueError("need 4 <= min_bytes <= max_bytes and factor >= 2")
+    sizes, n = [], min_bytes
+    while n <= max_bytes:
+        sizes.append(int(n) // 4 * 4)
+        n *= factor
+    return sizes
+
+
+# --------------------------------------------------------------------------- bandwidths
+
+BUS_FACTORS = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reducescatter": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+    "p2p": lambda p: 1.0,
+    "pushpull": lambda p: 1.0,
+}
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth: buffer bytes / time (bytes per second)."""
+    return nbytes / seconds if seconds > 0 else math.nan
+
+
+def busbw(nbytes: float, seconds: float, collective: str, p: int) -> float:
+    """nccl-tests' bus bandwidth: algbw times the collective's factor (2(p-1)/p for
+    all-reduce), the rate each link runs at."""
+    try:
+        factor = BUS_FACTORS[collective](p)
+    except KeyError:
+        raise ValueError(f"unknown collective {collective!r} (known: {', '.join(BUS_FACTORS)})") from None
+    return algbw(nbytes, seconds) * factor
+
+
+# --------------------------------------------------------------------------- fitting
+
+@dataclass(frozen=True)
+class PointSummary:
+    nbytes: int
+    median: float
+    p10: float
+    p90: float
+    repeats: int
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (NumPy's default), q in [0, 100]."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(points: Mapping[int, Sequence[float]]) -> list[PointSummary]:
+    """Median, p10, p90 per size, sizes ascending; sizes without timings are dropped."""
+    out = []
+    for nbytes in sorted(points, key=int):
+        values = [float(v) for v in points[nbytes] if v is not None and v > 0]
+        if values:
+            out.append(PointSummary(int(nbytes), statistics.median(values), _percentile(values, 10),
+                                    _percentile(values, 90), len(values)))
+    return out
+
+
+def fit_linear(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float, float]:
+    """(a, b, rel_rmse) of T = a + b n by least squares on relative residuals.
+
+    Minimises sum_i w_i (a + b n_i - T_i)^2 with w_i = 1 / T_i^2 (the 2x2 normal equations,
+    solved exactly).  A negative intercept or slope is not physical: the fit is then redone
+    with it fixed at 0.  rel_rmse is the root mean square of (fit - T) / T.
+    """
+    if len(sizes) != len(times) or len(sizes) < 2:
+        raise ValueError("a fit needs at least two (size, time) points")
+    if any(t <= 0 for t in times):
+        raise ValueError("times must be positive")
+    w = [1.0 / (t * t) for t in times]
+    sw = sum(w)
+    swn = sum(wi * n for wi, n in zip(w, sizes))
+    swnn = sum(wi * n * n for wi, n in zip(w, sizes))
+    swt = sum(wi * t for wi, t in zip(w, times))
+    swnt = sum(wi * n * t for wi, n, t in zip(w, sizes, times))
+    det = sw * swnn - swn * swn
+    if det <= 0:
+        raise ValueError("a fit needs at least two different sizes")
+    a = (swt * swnn - swn * swnt) / det
+    b = (sw * swnt - swn * swt) / det
+    if a < 0:  # through the origin: b = sum w n t / sum w n^2
+        a, b = 0.0, swnt / swnn
+    if b < 0:  # constant: a = sum w t / sum w
+        a, b = swt / sw, 0.0
+    residuals = [((a + b * n) - t) / t for n, t in zip(sizes, times)]
+    return a, b, math.sqrt(sum(r * r for r in residuals) / len(residuals))
+
+
+@dataclass(frozen=True)
+class CalibrationFit:
+    """One transport's fitted parameters on one topology, as the store keeps them."""
+
+    framework: str
+    mode: str
+    transport: str
+    collective: str  # allreduce or pushpull
+    algorithm: str  # the perfmodel algorithm used to invert the fit
+    device_kind: str
+    nodes: int
+    workers_per_node: int
+    world_size: int
+    servers: int
+    fit_a_s: float  # T(n) = a + b n, the whole collective
+    fit_b_s_per_byte: float
+    rel_rmse: float
+    alpha_s: float  # link level
+    beta_s_per_byte: float
+    gamma_s_per_byte: float
+    n_sizes: int
+    repeats: int
+
+    @property
+    def cost(self) -> LinkCost:
+        return LinkCost(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> "CalibrationFit":
+        names = cls.__dataclass_fields__
+        return cls(**{k: row[k] for k in names})
+
+    def predicted(self, nbytes: float) -> float:
+        """The fitted whole-collective time T(n) = a + b n."""
+        return self.fit_a_s + self.fit_b_s_per_byte * nbytes
+
+
+def fit_gamma(reduction_points: Mapping[int, Sequence[float]] | None) -> float:
+    """Seconds per byte of a local elementwise sum: the slope of `fit_linear` (0 without data)."""
+    if not reduction_points:
+        return 0.0
+    summary = summarize(reduction_points)
+    if len(summary) < 2:
+        return 0.0
+    _, b, _ = fit_linear([s.nbytes for s in summary], [s.median for s in summary])
+    return b
+
+
+def fit_calibration(points: Mapping[int, Sequence[float]], *, framework: str, mode: str,
+                    transport: str, collective: str, algorithm: str, device_kind: str,
+                    nodes: int, workers_per_node: int, servers: int = 0,
+                    reduction_points: Mapping[int, Sequence[float]] | None = None) -> CalibrationFit:
+    """Fit T(n) = a + b n to the medians, gamma to the reduction timings, and invert to
+    link-level alpha, beta for `algorithm` on p = nodes * workers_per_node workers."""
+    summary = summarize(points)
+    a, b, rel = fit_linear([s.nbytes for s in summary], [s.median for s in summary])
+    gamma = fit_gamma(reduction_points)
+    p = nodes * workers_per_node
+    link = invert_fit(a, b, algorithm, p, max(servers, 1), gamma)
+    if link.beta == 0.0 and gamma > 0:  # the reduction alone explains the slope: fold it in
+        link = invert_fit(a, b, algorithm, p, max(servers, 1), 0.0)
+    return CalibrationFit(framework, mode, transport, collective, algorithm, device_kind, nodes,
+                          workers_per_node, p, servers, a, b, rel, link.alpha, link.beta, link.gamma,
+                          len(summary), max((s.repeats for s in summary), default=0))
+
+
+# --------------------------------------------------------------------------- lookup
+
+def lookup(fits: Iterable[CalibrationFit], *, framework: str, transport: str | None,
+           world_size: int, nodes: int, device_kind: str | None) -> tuple[CalibrationFit, str] | None:
+    """The calibration to use for a run, and how it matched; None when nothing fits.
+
+    Preference: the same framework on the same topology; the same transport (another framework
+    sharing it, e.g. two schemes over gloo) on the same topology; then the same framework, then
+    the same transport, at another world size (link-level alpha, beta re-used with this p's
+    coefficients).  Always the same device kind.
+    """
+    fits = [f for f in fits if device_kind is None or f.device_kind == device_kind]
+    tiers = [
+        ("calibrated", lambda f: f.framework == framework and f.world_size == world_size and f.nodes == nodes),
+        ("calibrated (same transport)", lambda f: transport is not None and f.transport == transport
+         and f.world_size == world_size and f.nodes == nodes),
+        ("calibrated (other world size)", lambda f: f.framework == framework),
+        ("calibrated (same transport, other world size)", lambda f: transport is not None and f.transport == transport),
+    ]
+    for how, accept in tiers:
+        found = [f for f in fits if accept(f)]
+        if found:
+            found.sort(key=lambda f: (abs(f.world_size - world_size), f.framework != framework))
+            return found[0], how
+    return None
+
+
+# --------------------------------------------------------------------------- output
+
+def _human_bytes(n: int) -> str:
+    for unit, size in (("G", KIB ** 3), ("M", KIB ** 2), ("K", KIB)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def format_points(fit: CalibrationFit, points: Mapping[int, Sequence[float]]) -> str:
+    """An nccl-tests-like table: size, count (float32), time, algbw, busbw, and the fit."""
+    collective = fit.collective
+    lines = [f"# {fit.framework}:{fit.mode}  transport {fit.transport}  {collective}  "
+             f"p = {fit.world_size} ({fit.nodes} node(s) x {fit.workers_per_node})",
+             f"# {'size':>8} {'count':>10} {'type':>7} {'time(us)':>11} {'p10-p90(us)':>17} "
+             f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'fit(us)':>10}"]
+    for s in summarize(points):
+        algo = algbw(s.nbytes, s.median) / 1e9
+        bus = busbw(s.nbytes, s.median, collective, fit.world_size) / 1e9
+        lines.append(f"  {_human_bytes(s.nbytes):>8} {s.nbytes // 4:>10} {'float':>7} {s.median * 1e6:>11.1f} "
+                     f"{f'{s.p10 * 1e6:.0f}-{s.p90 * 1e6:.0f}':>17} {algo:>11.3f} {bus:>11.3f} "
+                     f"{fit.predicted(s.nbytes) * 1e6:>10.1f}")
+    lines.append(f"# fit T(n) = a + b n: a = {fit.fit_a_s * 1e6:.1f} us, b = {fit.fit_b_s_per_byte * 1e9:.4f} ns/B "
+                 f"(1/b = {1 / fit.fit_b_s_per_byte / 1e9 if fit.fit_b_s_per_byte else math.inf:.3f} GB/s), "
+                 f"relative rms error {fit.rel_rmse * 100:.1f} %")
+    lines.append(f"# {fit.algorithm}: alpha = {fit.alpha_s * 1e6:.2f} us, beta = {fit.beta_s_per_byte * 1e9:.4f} ns/B "
+                 f"({link_gbps(fit.beta_s_per_byte)}), gamma = {fit.gamma_s_per_byte * 1e9:.4f} ns/B")
+    return "\n".join(lines)
+
+
+def link_gbps(beta: float) -> str:
+    """1/beta as a link speed in Gbit/s."""
+    return "inf Gbit/s" if beta <= 0 else f"{8 / beta / 1e9:.2f} Gbit/s"

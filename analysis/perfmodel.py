@@ -1,0 +1,615 @@
+"""The performance model of one synchronous SGD iteration (Shi, Wang, Chu; DataCom 2018).
+
+Pure functions of numbers: no I/O, no framework, no NumPy or pandas (the worker imports this
+module inside every framework's environment to split backward time by FLOPs).  Times are in
+seconds, sizes in bytes.  Notation:
+
+    t_io   read (and decode) one batch             t_f   forward
+    t_h2d  copy the batch to the device            t_b   backward (all layers)
+    t_u    apply the update                        t_c   aggregate the gradients
+    b_l    backward time of layer l, layers numbered in backward order (l = 1 is the last
+           layer of the network, whose gradient is produced first)
+    tau_l  = b_1 + ... + b_l: when layer l's gradient is final, counted from backward's start
+    n      message size in bytes; p workers; S parameter servers
+    alpha  seconds per message (latency); beta seconds per byte on a link (1 / bandwidth);
+    gamma  seconds per byte reduced (summing two buffers)
+
+Iteration time
+--------------
+one worker (`single_worker_time`)::
+
+    t_iter = t_io' + t_h2d + t_f + t_b + t_u
+    t_io'  = max(0, t_io - (t_h2d + t_f + t_b + t_u))   with prefetching, else t_io
+
+  a prefetching reader works while the rest of the iteration runs, so I/O costs only the part
+  that outlasts it.
+
+p synchronous workers without overlap (`no_overlap_time`)::
+
+    t_iter = t_io' + t_h2d + t_f + t_b + t_c + t_u,   t_c = T_coll(n_total, p)
+
+layer-wise overlap, wait-free backprop (`wfbp_schedule`, `overlap_time`): message i (one
+layer's gradient, or a bucket of them) is ready at r_i; in send order::
+
+    s_i = max(r_i, e_{i-1}),   e_i = s_i + c_i,   e_0 = 0
+    t_iter = t_io' + t_h2d + t_f + max(tau_L, e_last) + t_u
+
+  it starts once its gradient is final AND the previous transfer has finished; only
+  max(0, e_last - tau_L), the communication that outlasts backward, is exposed.  Since
+  e_last >= tau_L, overlap never makes an iteration shorter than forward plus backward.
+
+merging small gradients: `merge_by_threshold` (Horovod's fusion buffer, PyTorch DDP's
+buckets: consecutive gradients in send order fill a buffer that is sent when it holds at least
+the threshold; ready when its last member is) and `merge_greedy` (MG-WFBP-style: merge the next
+gradient into the pending message when that does not make both finish later, which saves one
+alpha whenever the next gradient is ready before the pending message could start anyway).
+
+Communication cost (`coefficients`, `collective_time`); every model is linear in n::
+
+    T(n) = k_a * alpha + n * (k_b * beta + k_g * gamma)
+
+    point to point                 alpha + n beta
+    ring all-reduce                2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+    binomial tree (reduce + bcast) 2 ceil(log2 p) (alpha + n beta) + ceil(log2 p) n gamma
+    recursive doubling             ceil(log2 p) (alpha + n beta + n gamma)
+    halving-doubling (Rabenseifner) 2 ceil(log2 p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+    parameter server, S servers    2 alpha + 2 max(p/S, 1) n beta + (p-1)/S n gamma
+
+  Parameter server: each of S servers holds n/S of the parameters on its own link; a push
+  brings p * n/S bytes over every server link while each worker link carries n, so the
+  busier of the two bounds each direction (push, then pull); each server sums p slices of
+  n/S bytes.
+
+Scaling (weak, fixed per-worker batch): S(N) = N t(1) / t(N), E(N) = S(N) / N.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "halving_doubling", "ps", "p2p")
+GRANULARITIES: tuple[str, ...] = ("whole", "layer", "tensor", "bucket")
+MERGES: tuple[str | None, ...] = (None, "greedy")
+
+
+# --------------------------------------------------------------------------- costs
+
+@dataclass(frozen=True)
+class LinkCost:
+    """The alpha-beta(-gamma) parameters of one transport.
+
+    alpha: seconds per message; beta: seconds per byte on one link; gamma: seconds per byte
+    reduced.  ``LinkCost()`` costs nothing (ideal network).
+    """
+
+    alpha: float = 0.0
+    beta: float = 0.0
+    gamma: float = 0.0
+
+    def __post_init__(self):
+        for name in ("alpha", "beta", "gamma"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+
+def _log2_ceil(p: int) -> int:
+    return max(0, math.ceil(math.log2(p))) if p > 1 else 0
+
+
+def _check_p(p: int) -> None:
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"the number of workers must be an int >= 1, got {p!r}")
+
+
+def point_to_point(n: float, cost: LinkCost) -> float:
+    """One message of n bytes: T = alpha + n beta (0 for an empty message)."""
+    return 0.0 if n <= 0 else cost.alpha + n * cost.beta
+
+
+def ring_allreduce(n: float, p: int, cost: LinkCost) -> float:
+    """Ring all-reduce: T = 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
+
+    p-1 reduce-scatter steps then p-1 all-gather steps, each moving n/p bytes per worker; the
+    reduce-scatter steps also sum n/p bytes.  0 for p = 1 or n = 0.
+    """
+    _check_p(p)
+    if p == 1 or n <= 0:
+        return 0.0
+    return 2 * (p - 1) * cost.alpha + 2 * (p - 1) / p * n * cost.beta + (p - 1) / p * n * cost.gamma
+
+
+def tree_allreduce(n: float, p: int, cost: LinkCost) -> float:
+    """Binomial-tree reduce to a root, then broadcast: T = 2 ceil(log2 p)(alpha + n beta) +
+    ceil(log2 p) n gamma (the whole message on every level)."""
+    _check_p(p)
+    if p == 1 or n <= 0:
+        return 0.0
+    levels = _log2_ceil(p)
+    return 2 * levels * (cost.alpha + n * cost.beta) + levels * n * cost.gamma
+
+
+def recursive_doubling_allreduce(n: float, p: int, cost: LinkCost) -> float:
+    """Recursive doubling: ceil(log2 p) exchange-and-sum rounds of the whole message:
+    T = ceil(log2 p)(alpha + n beta + n gamma)."""
+    _check_p(p)
+    if p == 1 or n <= 0:
+        return 0.0
+    return _log2_ceil(p) * (cost.alpha + n * cost.beta + n * cost.gamma)
+
+
+def halving_doubling_allreduce(n: float, p: int, cost: LinkCost) -> float:
+    """Rabenseifner (recursive halving reduce-scatter, recursive doubling all-gather):
+    T = 2 ceil(log2 p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma."""
+    _check_p(p)
+    if p == 1 or n <= 0:
+        return 0.0
+    return 2 * _log2_ceil(p) * cost.alpha + 2 * (p - 1) / p * n * cost.beta + (p - 1) / p * n * cost.gamma
+
+
+def ps_pushpull(n: float, p: int, servers: int, cost: LinkCost) -> float:
+    """Synchronous parameter server, push then pull:
+    T = 2 alpha + 2 max(p/S, 1) n beta + (p-1)/S n gamma.
+
+    Every server link carries p * n/S bytes each way (every worker's slice), every worker link
+    n bytes; the busier link bounds each direction.  Unlike the all-reduces, one worker still
+    pays the round trip (p = 1 gives 2 alpha + 2 n beta).
+    """
+    _check_p(p)
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ValueError(f"a parameter-server scheme needs servers >= 1, got {servers!r}")
+    if n <= 0:
+        return 0.0
+    return 2 * cost.alpha + 2 * max(p / servers, 1.0) * n * cost.beta + (p - 1) / servers * n * cost.gamma
+
+
+def coefficients(algorithm: str, p: int, servers: int = 1) -> tuple[float, float, float]:
+    """(k_a, k_b, k_g) with T(n) = k_a alpha + n (k_b beta + k_g gamma) for n > 0.
+
+    Calibration fits T(n) = a + b n and inverts these: alpha = a / k_a,
+    beta = (b - k_g gamma) / k_b.
+    """
+    _check_p(p)
+    if algorithm == "p2p":
+        return 1.0, 1.0, 0.0
+    if algorithm == "ps":
+        if servers < 1:
+            raise ValueError(f"a parameter-server scheme needs servers >= 1, got {servers!r}")
+        return 2.0, 2 * max(p / servers, 1.0), (p - 1) / servers
+    if p == 1:
+        return 0.0, 0.0, 0.0
+    levels = _log2_ceil(p)
+    if algorithm == "ring":
+        return 2.0 * (p - 1), 2 * (p - 1) / p, (p - 1) / p
+    if algorithm == "tree":
+        return 2.0 * levels, 2.0 * levels, float(levels)
+    if algorithm == "recursive_doubling":
+        return float(levels), float(levels), float(levels)
+    if algorithm == "halving_doubling":
+        return 2.0 * levels, 2 * (p - 1) / p, (p - 1) / p
+    raise ValueError(f"unknown collective algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+
+
+def collective_time(algorithm: str, n: float, p: int, cost: LinkCost, servers: int = 1) -> float:
+    """T(n) of `algorithm` for p workers: k_a alpha + n (k_b beta + k_g gamma); 0 for n <= 0."""
+    if n <= 0:
+        return 0.0
+    k_a, k_b, k_g = coefficients(algorithm, p, servers)
+    return k_a * cost.alpha + n * (k_b * cost.beta + k_g * cost.gamma)
+
+
+def comm_time_function(algorithm: str, p: int, cost: LinkCost, servers: int = 1) -> Callable[[float], float]:
+    """n -> T(n) with the coefficients computed once (the inner loop of the what-if grid)."""
+    if algorithm != "ps" and p == 1:
+        return lambda n: 0.0
+    k_a, k_b, k_g = coefficients(algorithm, p, servers)
+    latency, per_byte = k_a * cost.alpha, k_b * cost.beta + k_g * cost.gamma
+    return lambda n: 0.0 if n <= 0 else latency + n * per_byte
+
+
+def invert_fit(a: float, b: float, algorithm: str, p: int, servers: int = 1,
+               gamma: float = 0.0) -> LinkCost:
+    """The link-level alpha, beta from a fitted T(n) = a + b n and a known gamma.
+
+    alpha = a / k_a, beta = (b - k_g gamma) / k_b (clipped at 0: noise can make the
+    reduction share exceed the slope).
+    """
+    k_a, k_b, k_g = coefficients(algorithm, p, servers)
+    if k_a <= 0 or k_b <= 0:
+        raise ValueError(f"{algorithm} with p = {p} moves nothing: cannot calibrate from it")
+    return LinkCost(alpha=max(0.0, a / k_a), beta=max(0.0, (b - k_g * gamma) / k_b), gamma=gamma)
+
+
+# --------------------------------------------------------------------------- iteration
+
+def exposed_io(t_io: float, t_rest: float, prefetch: bool = True) -> float:
+    """t_io' = max(0, t_io - t_rest) with prefetching (reading overlaps the rest), else t_io."""
+    return max(0.0, t_io - t_rest) if prefetch else t_io
+
+
+def single_worker_time(t_io: float, t_h2d: float, t_f: float, t_b: float, t_u: float,
+                       prefetch: bool = True) -> float:
+    """t_iter = t_io' + t_h2d + t_f + t_b + t_u, t_io' = max(0, t_io - (t_h2d + t_f + t_b + t_u))
+    with prefetching (else t_io' = t_io)."""
+    rest = t_h2d + t_f + t_b + t_u
+    return exposed_io(t_io, rest, prefetch) + rest
+
+
+def no_overlap_time(t_io: float, t_h2d: float, t_f: float, t_b: float, t_c: float, t_u: float,
+                    prefetch: bool = True) -> float:
+    """Synchronous workers, communication after backward:
+    t_iter = t_io' + t_h2d + t_f + t_b + t_c + t_u (t_io' hidden behind all of the rest)."""
+    rest = t_h2d + t_f + t_b + t_c + t_u
+    return exposed_io(t_io, rest, prefetch) + rest
+
+
+def ready_times(layer_backward: Sequence[float]) -> list[float]:
+    """tau_l = b_1 + ... + b_l: when each layer's gradient is final (backward order)."""
+    out, total = [], 0.0
+    for b in layer_backward:
+        if b < 0:
+            raise ValueError(f"a backward time cannot be negative, got {b}")
+        total += b
+        out.append(total)
+    return out
+
+
+def wfbp_schedule(ready: Sequence[float], comm: Sequence[float]) -> list[tuple[float, float]]:
+    """Wait-free backprop: (start, end) of each message in send order.
+
+    s_i = max(r_i, e_{i-1}), e_i = s_i + c_i, e_0 = 0: a transfer starts once its gradient is
+    ready and the link is free (transfers are serialised, in send order).
+    """
+    if len(ready) != len(comm):
+        raise ValueError(f"{len(ready)} ready times but {len(comm)} communication times")
+    schedule, end = [], 0.0
+    for r, c in zip(ready, comm):
+        if c < 0:
+            raise ValueError(f"a communication time cannot be negative, got {c}")
+        start = max(r, end)
+        end = start + c
+        schedule.append((start, end))
+    return schedule
+
+
+def wfbp_backward_comm(layer_backward: Sequence[float], comm: Sequence[float]) -> float:
+    """Backward plus the communication that outlasts it, one message per layer:
+    max(tau_L, e_L) with the `wfbp_schedule` of ready times tau_l."""
+    tau = ready_times(layer_backward)
+    schedule = wfbp_schedule(tau, comm)
+    return max(tau[-1] if tau else 0.0, schedule[-1][1] if schedule else 0.0)
+
+
+def overlap_time(t_io: float, t_h2d: float, t_f: float, layer_backward: Sequence[float],
+                 comm: Sequence[float], t_u: float, prefetch: bool = True) -> float:
+    """Layer-wise overlap (WFBP), one message per layer:
+    t_iter = t_io' + t_h2d + t_f + max(tau_L, e_L) + t_u."""
+    rest = t_h2d + t_f + wfbp_backward_comm(layer_backward, comm) + t_u
+    return exposed_io(t_io, rest, prefetch) + rest
+
+
+def exposed_comm(layer_backward: Sequence[float], comm: Sequence[float]) -> float:
+    """The communication not hidden behind backward: max(0, e_L - tau_L)."""
+    tau = ready_times(layer_backward)
+    return wfbp_backward_comm(layer_backward, comm) - (tau[-1] if tau else 0.0)
+
+
+# --------------------------------------------------------------------------- messages
+
+@dataclass(frozen=True)
+class Grad:
+    """One gradient tensor: its name, layer, size and when backward has made it final."""
+
+    name: str
+    layer: str
+    nbytes: int
+    ready: float
+
+
+@dataclass(frozen=True)
+class Message:
+    """What is sent at once: one or more gradients, ready when the last of them is."""
+
+    nbytes: int
+    ready: float
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A scheduled message: its size, when it was ready, started and ended."""
+
+    nbytes: int
+    ready: float
+    start: float
+    end: float
+    members: tuple[str, ...]
+
+
+def _message(grads: Sequence[Grad]) -> Message:
+    return Message(sum(g.nbytes for g in grads), max(g.ready for g in grads), tuple(g.name for g in grads))
+
+
+def group_whole(grads: Sequence[Grad]) -> list[Message]:
+    """The whole gradient as one message, ready when backward is done."""
+    return [_message(grads)] if grads else []
+
+
+def group_by_layer(grads: Sequence[Grad]) -> list[Message]:
+    """One message per layer (its tensors together), in the order layers first appear."""
+    layers: dict[str, list[Grad]] = {}
+    for g in grads:
+        layers.setdefault(g.layer, []).append(g)
+    return [_message(members) for members in layers.values()]
+
+
+def group_by_tensor(grads: Sequence[Grad]) -> list[Message]:
+    """One message per gradient tensor, in the given send order."""
+    return [_message([g]) for g in grads]
+
+
+def merge_by_threshold(grads: Sequence[Grad], threshold: float,
+                       first_threshold: float | None = None) -> list[Message]:
+    """Fusion buffers / buckets: consecutive gradients (send order) join the current buffer,
+    which is closed once it holds >= threshold bytes (the first one >= first_threshold, as
+    PyTorch DDP's 1 MiB first bucket); a buffer is ready when its last member is.
+    threshold <= 0 gives one message per tensor."""
+    messages, current, size = [], [], 0
+    cap = threshold if first_threshold is None else first_threshold
+    for g in grads:
+        current.append(g)
+        size += g.nbytes
+        if size >= cap:
+            messages.append(_message(current))
+            current, size, cap = [], 0, threshold
+    if current:
+        messages.append(_message(current))
+    return messages
+
+
+def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float]) -> list[Message]:
+    """MG-WFBP-style merging: walking the messages in send order, merge the next one into the
+    pending message when sending them together ends no later than sending them apart.
+
+    Apart: e_a = max(r_a, e_prev) + T(n_a), e_b = max(r_b, e_a) + T(n_b); together:
+    e_ab = max(r_a, r_b, e_prev) + T(n_a + n_b).  With T = alpha + n beta, merging saves one
+    alpha whenever b is ready before a could start, the case MG-WFBP's rule targets.
+    """
+    merged: list[Message] = []
+    end_prev = 0.0
+    pending: Message | None = None
+    for msg in messages:
+        if pending is None:
+            pending = msg
+            continue
+        end_a = max(pending.ready, end_prev) + comm_time(pending.nbytes)
+        apart = max(msg.ready, end_a) + comm_time(msg.nbytes)
+        together = max(pending.ready, msg.ready, end_prev) + comm_time(pending.nbytes + msg.nbytes)
+        if together <= apart:
+            pending = Message(pending.nbytes + msg.nbytes, max(pending.ready, msg.ready),
+                              pending.members + msg.members)
+        else:
+            merged.append(pending)
+            end_prev = end_a
+            pending = msg
+    if pending is not None:
+        merged.append(pending)
+    return merged
+
+
+# --------------------------------------------------------------------------- schemes
+
+@dataclass(frozen=True)
+class Scheme:
+    """How a framework aggregates gradients, in the model's terms.
+
+    overlap: messages start during backward (WFBP) instead of after it;
+    granularity: what one message holds before merging: ``whole`` gradient, ``layer``,
+      ``tensor``, or ``bucket`` (consecutive tensors up to bucket_bytes; the first bucket up
+      to first_bucket_bytes when given);
+    merge: None, or ``greedy`` (MG-WFBP-style merging on top of the granularity);
+    algorithm: the collective (see `coefficients`); servers: parameter servers for ``ps``;
+    profile_granularity: how the framework's separated profile communicates (after backward),
+      so a predicted comm phase is comparable with the measured one (default: granularity).
+    """
+
+    name: str = "allreduce"
+    overlap: bool = False
+    granularity: str = "whole"
+    bucket_bytes: int = 0
+    first_bucket_bytes: int | None = None
+    merge: str | None = None
+    algorithm: str = "ring"
+    servers: int = 0
+    profile_granularity: str | None = None
+
+    def __post_init__(self):
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"unknown granularity {self.granularity!r} (known: {', '.join(GRANULARITIES)})")
+        if self.profile_granularity not in (None, *GRANULARITIES):
+            raise ValueError(f"unknown profile granularity {self.profile_granularity!r}")
+        if self.merge not in MERGES:
+            raise ValueError(f"unknown merge {self.merge!r} (known: greedy)")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown collective algorithm {self.algorithm!r} (known: {', '.join(ALGORITHMS)})")
+        if self.algorithm == "ps" and self.servers < 1:
+            raise ValueError("a parameter-server scheme needs servers >= 1")
+        if self.granularity == "bucket" and self.bucket_bytes <= 0:
+            raise ValueError("a bucket scheme needs bucket_bytes > 0")
+
+    FIELDS = ("name", "overlap", "granularity", "bucket_bytes", "first_bucket_bytes", "merge",
+              "algorithm", "servers", "profile_granularity")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Scheme":
+        """From an adapter's ``comm_scheme()`` dict; keys the model does not use are ignored."""
+        known = {k: data[k] for k in cls.FIELDS if k in data and data[k] is not None}
+        if "name" not in known and data.get("label"):
+            known["name"] = str(data["label"])
+        for key in ("bucket_bytes", "servers"):
+            if key in known:
+                known[key] = int(known[key])
+        if "first_bucket_bytes" in known:
+            known["first_bucket_bytes"] = int(known["first_bucket_bytes"])
+        if "overlap" in known:
+            known["overlap"] = bool(known["overlap"])
+        return cls(**known)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+    def messages(self, grads: Sequence[Grad], comm_time: Callable[[float], float],
+                 separate: bool = False) -> list[Message]:
+        """The messages this scheme sends for `grads` (send order); `separate`: as its
+        profile sends them after backward (`profile_granularity`, no merging)."""
+        granularity = (self.profile_granularity or self.granularity) if separate else self.granularity
+        if granularity == "whole":
+            messages = group_whole(grads)
+        elif granularity == "layer":
+            messages = group_by_layer(grads)
+        elif granularity == "tensor":
+            messages = group_by_tensor(grads)
+        else:
+            messages = merge_by_threshold(grads, self.bucket_bytes, self.first_bucket_bytes)
+        if self.merge == "greedy" and not separate:
+            messages = merge_greedy(messages, comm_time)
+        return messages
+
+
+def schedule(messages: Sequence[Message], comm_time: Callable[[float], float], overlap: bool,
+             t_b: float) -> list[Transfer]:
+    """Transfers of the messages in send order: WFBP (`wfbp_schedule`) with overlap, else
+    every message ready when backward ends (t_b) and sent one after another."""
+    ready = [m.ready if overlap else t_b for m in messages]
+    times = wfbp_schedule(ready, [comm_time(m.nbytes) for m in messages])
+    return [Transfer(m.nbytes, m.ready if overlap else t_b, s, e, m.members)
+            for m, (s, e) in zip(messages, times)]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One worker's measured compute: phase seconds and the gradients (send order) with their
+    ready times counted from the start of backward (the last one at about t_backward)."""
+
+    io: float
+    h2d: float
+    forward: float
+    backward: float
+    update: float
+    grads: tuple[Grad, ...] = ()
+    prefetch: bool = False  # True: `io` is the raw read time of a prefetching reader
+
+    def scaled(self, compute_factor: float) -> "Profile":
+        """The same profile with compute phases (not I/O) multiplied by compute_factor."""
+        k = compute_factor
+        return Profile(self.io, self.h2d * k, self.forward * k, self.backward * k, self.update * k,
+                       tuple(Grad(g.name, g.layer, g.nbytes, g.ready * k) for g in self.grads), self.prefetch)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's iteration: total, phases, and the schedule of transfers."""
+
+    iter_time: float
+    phases: dict
+    backward_comm: float  # backward plus the communication that outlasts it
+    comm_total: float  # sum of transfer times in the scheme's normal (overlapped) run
+    comm_exposed: float  # part of it not hidden behind backward
+    transfers: tuple[Transfer, ...] = field(default_factory=tuple)
+
+    @property
+    def hidden_fraction(self) -> float | None:
+        """Share of communication hidden behind backward, 0..1; None without communication."""
+        if self.comm_total <= 0:
+            return None
+        return min(1.0, max(0.0, 1.0 - self.comm_exposed / self.comm_total))
+
+
+def predict(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float]) -> Prediction:
+    """The model's iteration for one worker's profile under `scheme` with message cost
+    `comm_time` (n -> seconds; `comm_time_function`).
+
+    t_iter = t_io' + t_h2d + t_f + max(t_b, e_last) + t_u; e_last from `schedule` (overlap or
+    not); t_io' hidden behind the rest when the profile's reader prefetches.  The predicted
+    ``comm`` phase is the communication as the framework's separated profile runs it (after
+    backward, `profile_granularity`), comparable with the measured one.
+    """
+    grads = list(profile.grads)
+    t_b = profile.backward
+    transfers = schedule(scheme.messages(grads, comm_time), comm_time, scheme.overlap, t_b)
+    comm_total = sum(t.end - t.start for t in transfers)
+    end = max([t_b] + [t.end for t in transfers])
+    comm_separate = sum(comm_time(m.nbytes) for m in scheme.messages(grads, comm_time, separate=True))
+    rest = profile.h2d + profile.forward + end + profile.update
+    io = exposed_io(profile.io, rest, profile.prefetch)
+    phases = {"io": io, "h2d": profile.h2d, "forward": profile.forward, "backward": t_b,
+              "comm": comm_separate, "update": profile.update}
+    return Prediction(io + rest, phases, end, comm_total, end - t_b, tuple(transfers))
+
+
+def single_worker_prediction(profile: Profile) -> Prediction:
+    """No communication: `single_worker_time` of the profile."""
+    t = single_worker_time(profile.io, profile.h2d, profile.forward, profile.backward, profile.update,
+                           profile.prefetch)
+    phases = {"io": t - (profile.h2d + profile.forward + profile.backward + profile.update),
+              "h2d": profile.h2d, "forward": profile.forward, "backward": profile.backward,
+              "comm": 0.0, "update": profile.update}
+    return Prediction(t, phases, profile.backward, 0.0, 0.0, ())
+
+
+# --------------------------------------------------------------------------- per-layer inputs
+
+def backward_weights(rows: Iterable[tuple[str, int, bool]]) -> list[tuple[str, float, bool]]:
+    """Relative backward cost of each layer, from (name, forward FLOPs, has parameters) in
+    forward order: a layer with parameters computes the gradient of its input and of its
+    weights (2 x its forward FLOPs), except the first one, which needs no input gradient
+    (1 x); a layer without parameters 1 x its forward FLOPs."""
+    out, first = [], True
+    for name, flops, has_params in rows:
+        weight = float(flops) * (2.0 if has_params and not first else 1.0)
+        if has_params:
+            first = False
+        out.append((name, weight, has_params))
+    return out
+
+
+def split_backward_by_flops(t_b: float, rows: Iterable[tuple[str, int, bool]]) -> list[tuple[str, float]]:
+    """Measured backward time t_b split over the layers with parameters, backward order.
+
+    Layers are walked in backward order (reverse of `rows`, which is forward order); each
+    layer's share of t_b is its `backward_weights` share; the time of layers without
+    parameters goes to the next layer with parameters in backward order (its gradient is
+    final only after them), trailing ones to the last.  The result sums to t_b.
+    """
+    weights = backward_weights(rows)
+    total = sum(w for _, w, _ in weights)
+    if total <= 0 or t_b <= 0:
+        named = [name for name, _, has in weights if has]
+        return [(name, t_b / len(named) if named else 0.0) for name in reversed(named)]
+    out, pending = [], 0.0
+    for name, w, has_params in reversed(weights):
+        pending += w
+        if has_params:
+            out.append([name, t_b * pending / total])
+            pending = 0.0
+    if out and pending:
+        out[-1][1] += t_b * pending / total
+    return [(name, t) for name, t in out]
+
+
+# --------------------------------------------------------------------------- scaling
+
+def speedup(t_one: float, t_n: float, n: int) -> float:
+    """Weak scaling: S(N) = N t(1) / t(N)."""
+    if t_n <= 0:
+        raise ValueError("t(N) must be positive")
+    return n * t_one / t_n
+
+
+def efficiency(speedup_n: float, n: int) -> float:
+    """E(N) = S(N) / N (1 is ideal)."""
+    if n < 1:
+        raise ValueError("N must be at least 1")
+    return speedup_n / n

@@ -1,0 +1,47 @@
+"""Horovod's launchers: `horovodrun --gloo` (mode gloo) or `mpirun` (mode mpi) starts every rank.
+
+horovodrun is the Horovod environment's own (`{python} -m horovod.runner.launch`: the local
+transport puts that environment's interpreter in place of `{python}`). It runs Gloo's
+rendezvous server and gives each rank HOROVOD_RANK / HOROVOD_SIZE / HOROVOD_LOCAL_RANK and the
+rendezvous address; on loopback it is told to use `lo`. mpirun is the MPI rendezvous's command
+(launchers/rendezvous/mpi.py); ranks learn their place from OpenMPI's variables and Horovod uses
+MPI for its controller and all-reduce. DistInfo.from_env reads either.
+"""
+
+from __future__ import annotations
+
+from launchers.rendezvous import ProcessSpec
+from launchers.rendezvous.mpi import mpirun_command
+
+
+def is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("localhost", "::1")
+
+
+def horovodrun_command(config, hosts) -> list[str]:
+    nodes = [hosts[node] for node in range(config.nodes)]
+    if all(is_loopback(host.address) for host in nodes):
+        host_list = f"localhost:{config.world_size}"
+        interface = ["--network-interfaces", "lo"]
+    else:  # one slot list per node; horovodrun reaches the others over ssh (untested here)
+        host_list = ",".join(f"{host.address}:{config.workers_per_node}" for host in nodes)
+        interface = []
+    return ["{python}", "-m", "horovod.runner.launch", "-np", str(config.world_size),
+            "-H", host_list, "--gloo", *interface, "--start-timeout", "120"]
+
+
+def processes(config, hosts) -> list[ProcessSpec]:
+    env = {"DLC_WORLD_SIZE": str(config.world_size)}
+    if config.mode == "gloo":
+        launcher = horovodrun_command(config, hosts)
+        env.update(HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
+    elif config.mode == "mpi":
+        launcher = mpirun_command(config.world_size, hosts)
+        env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi",
+                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_rmaps_base_oversubscribe="1")
+    else:
+        raise ValueError(f"no horovod launcher for mode {config.mode!r} (known: gloo, mpi)")
+    spec = ProcessSpec("worker", 0, hosts[0], env, launcher=launcher)
+    spec.env.pop("DLC_ROLE_INDEX", None)
+    return [spec]

@@ -1,0 +1,202 @@
+"""Horovod (adapters/horovod.py) through the real worker: 2 ranks on loopback started by
+horovodrun (gloo) and by mpirun (MPI) hold identical weights after a step, equal to one process
+on the global batch; the measured overlap of Horovod's fused all-reduce with backward is clearly
+above zero. Fast tests cover the launch commands, the options and the environment's recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.base import DistInfo, RunConfig
+from adapters.registry import framework_info, parse_framework_mode
+from launchers.envs import REPO_ROOT
+from launchers.local import run_local
+from launchers.rendezvous import processes_for
+
+
+def config_for(mode: str, workers: int, **extra) -> RunConfig:
+    return RunConfig(run_id="t", framework="horovod", mode=mode, model="googlenet-tiny",
+                     batch_per_worker=4, workers_per_node=workers, **extra)
+
+
+# ----------------------------------------------------------------------------- fast
+
+def test_registry_knows_both_modes():
+    info, mode = parse_framework_mode("horovod")
+    assert (info.env, info.rendezvous, mode) == ("horovod", "horovod", "gloo")
+    assert parse_framework_mode("horovod:mpi")[1] == "mpi"
+
+
+def test_gloo_mode_is_started_by_the_envs_own_horovodrun_on_loopback():
+    [spec] = processes_for("horovod", config_for("gloo", 2))
+    assert spec.launcher[:3] == ["{python}", "-m", "horovod.runner.launch"]
+    joined = " ".join(spec.launcher)
+    assert "-np 2" in joined and "-H localhost:2" in joined and "--gloo" in joined
+    assert "--network-interfaces lo" in joined
+    assert "DLC_RANK" not in spec.env and spec.env["DLC_WORLD_SIZE"] == "2"
+
+
+def test_mpi_mode_is_started_by_mpirun():
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun on this machine")
+    [spec] = processes_for("horovod", config_for("mpi", 2))
+    assert Path(spec.launcher[0]).name == "mpirun" and spec.launcher[1:3] == ["-np", "2"]
+    assert spec.env["HOROVOD_CONTROLLER"] == "mpi"
+
+
+def test_ranks_come_from_horovodrun_when_the_launcher_sets_no_dlc_rank(monkeypatch):
+    for name in ("DLC_RANK", "DLC_WORLD_SIZE", "DLC_LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "1")
+    assert DistInfo.from_env() == DistInfo(rank=1, world_size=2, local_rank=1)
+
+
+def test_fusion_and_cycle_options_become_horovods_variables():
+    pytest.importorskip("torch")
+    from adapters.horovod import horovod_variables
+
+    assert horovod_variables({}) == {}
+    assert horovod_variables({"fusion_mb": 4, "cycle_ms": 2.5}) == {
+        "HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "2.5"}
+    assert horovod_variables({"fusion_mb": 0})["HOROVOD_FUSION_THRESHOLD"] == "0"
+    with pytest.raises(ValueError):
+        horovod_variables({"cycle_ms": -1})
+
+
+def test_environment_recipe_covers_the_build_step_and_the_compiler_wrapper():
+    from launchers.envs import (apt_packages, build_requirements_file, build_variables,
+                                requirements_dir, requirements_text)
+
+    text = requirements_text("horovod")
+    assert "torch==" in text and "horovod==0.28.1" in text  # -r torch.txt, then the build
+    wrapper = requirements_dir() / "horovod-cxx17.sh"
+    assert wrapper.read_text() in text  # editing the wrapper rebuilds the environment
+    variables = build_variables(build_requirements_file("horovod").read_text())
+    assert variables["CXX"] == str(wrapper)
+    assert variables["HOROVOD_WITH_PYTORCH"] == variables["HOROVOD_WITH_GLOO"] == "1"
+    assert variables["HOROVOD_WITH_MPI"] == "1"
+    assert "libopenmpi-dev" in apt_packages(text)
+
+
+def test_compiler_wrapper_turns_cxx14_into_cxx17(tmp_path):
+    import os
+    import subprocess
+
+    fake = tmp_path / "fake-cxx"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    wrapper = REPO_ROOT / "envs" / "horovod-cxx17.sh"
+    assert os.access(wrapper, os.X_OK), "the wrapper must be executable (CXX runs it directly)"
+    out = subprocess.run([str(wrapper), "-O2", "-std=c++14", "a b.cc"], capture_output=True,
+                         text=True, env={**os.environ, "DLCOMPARE_REAL_CXX": str(fake)},
+                         check=True).stdout.splitlines()
+    assert out == ["-O2", "-std=c++17", "a b.cc"]
+
+
+def test_autograd_grad_runs_no_accumulate_grad_hook():
+    """The separated profile's backward relies on this: Horovod's hooks sit on the parameters'
+    AccumulateGrad nodes, which torch.autograd.grad does not run."""
+    torch = pytest.importorskip("torch")
+    parameter = torch.nn.Parameter(torch.randn(5))
+    fired = []
+    accumulator = parameter.expand_as(parameter).grad_fn.next_functions[0][0]
+    accumulator.register_hook(lambda *_: fired.append(1))
+    (parameter * parameter).sum().backward()
+    assert fired == [1]
+    (grad,) = torch.autograd.grad((parameter * parameter).sum(), [parameter])
+    assert fired == [1] and torch.allclose(grad, 2 * parameter.detach())
+
+
+# ----------------------------------------------------------------------------- slow: real runs
+
+@pytest.fixture(scope="module")
+def horovod_python() -> str:
+    """The Horovod environment's interpreter; built (Horovod compiled, minutes) on first use."""
+    from launchers.envs import ensure_environment
+
+    return str(ensure_environment("horovod", log=print).python)
+
+
+def check_run(tmp: Path, python: str, mode: str, model: str, workers: int, batch: int,
+              steps: int) -> Path:
+    """The worker in equivalence mode (gradients, `steps` steps, weights dumped per rank)."""
+    out = tmp / f"horovod-{mode}-{model}-w{workers}"
+    config = RunConfig(run_id=out.name, framework="horovod", mode=mode, model=model,
+                       batch_per_worker=batch, workers_per_node=workers, dropout=False,
+                       options={"fusion_mb": 1},  # several fusion buffers, not one
+                       rank_dir=str(out), check={"steps": steps, "out_dir": str(out)})
+    outcome = run_local(config, python, out, framework_info("horovod").rendezvous, REPO_ROOT,
+                        timeout=300)
+    assert outcome.status == "ok", outcome.error
+    return out
+
+
+def load(path: Path) -> dict:
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["gloo", "mpi"])
+def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, horovod_python, mode):
+    model = "googlenet-tiny"
+    two = check_run(tmp_path, horovod_python, mode, model, workers=2, batch=4, steps=2)
+    one = check_run(tmp_path, horovod_python, mode, model, workers=1, batch=8, steps=2)
+    rank0, rank1 = load(two / "weights_rank0.npz"), load(two / "weights_rank1.npz")
+    single = load(one / "weights_rank0.npz")
+    assert rank0.keys() == single.keys()
+    worst = 0.0
+    for name in single:
+        assert np.array_equal(rank0[name], rank1[name]), f"ranks differ in {name}"
+        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        worst = max(worst, float(np.max(np.abs(rank0[name] - single[name]))))
+    # The local gradients the check dumped are each rank's own (no collective leaked in), and
+    # their mean is the single process's gradient on the global batch.
+    g0, g1, g = (load(folder / f"grads_rank{r}.npz")
+                 for folder, r in ((two, 0), (two, 1), (one, 0)))
+    assert not np.array_equal(g0["conv1.weight"], g1["conv1.weight"])
+    for name in single:
+        if name in g:
+            np.testing.assert_allclose((g0[name] + g1[name]) / 2, g[name], rtol=1e-4,
+                                       atol=1e-6, err_msg=name)
+    from models import canonical_weights, get_model
+
+    initial = canonical_weights(get_model(model))
+    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
+    print(f"horovod:{mode} {model}: max |2-rank - 1-process| = {worst:.2e}, "
+          f"max change over 2 steps = {moved:.2e}")
+    assert moved > 100 * max(worst, 1e-9)
+
+
+@pytest.mark.slow
+def test_measured_overlap_of_fused_allreduce_with_backward(tmp_path, horovod_python):
+    """Full GoogleNet at batch 8: backward (~seconds) is much longer than all-reduce of its
+    27 MB gradient, so Horovod's hooks hide most of the communication behind it."""
+    out = tmp_path / "overlap"
+    config = RunConfig(run_id="overlap", framework="horovod", mode="gloo", model="googlenet",
+                       batch_per_worker=8, workers_per_node=2, warmup=1, iterations=2,
+                       repeats=1, profile_iterations=3, dropout=False,
+                       options={"fusion_mb": 4}, rank_dir=str(out),
+                       record_path=str(out / "record.json"))
+    outcome = run_local(config, horovod_python, out, "horovod", REPO_ROOT, timeout=600)
+    assert outcome.status == "ok", outcome.error
+    record = json.loads((out / "record.json").read_text())
+    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
+    backward_comm = record["extra"]["profile_backward_comm"]
+    print(f"horovod:gloo googlenet b8 x2: backward {phases['backward']:.3f} s, "
+          f"comm after backward {phases['comm']:.3f} s, backward+comm overlapped "
+          f"{backward_comm:.3f} s -> overlap {record['overlap']:.2f}; "
+          f"iteration {record['iter_time_median']:.3f} s; extra {record['extra']['fusion_mb']} MB "
+          f"fusion, {record['extra']['cycle_ms']} ms cycle")
+    assert record["extra"]["backend"] == "horovod-gloo"
+    assert record["overlap"] is not None and record["overlap"] > 0.3
