@@ -136,5 +136,33 @@ class CaffeMpiStyleTrainer(TorchTrainer):
         if self.reducer is not None:
             self.reducer.stop()
 
+    # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
+    def comm_scheme(self):
+        """One MPI all-reduce per parameter tensor in reverse registration order, each as soon
+        as backward has made it final (WFBP); the separated profile sends the same messages."""
+        return {"label": "layer-wise MPI all-reduce", "overlap": True, "granularity": "tensor",
+                "profile_granularity": "tensor", "algorithm": "ring", "transport": "mpi"}
+
+    def collective_times(self, sizes, repeats, warmup=2):
+        """MPI Allreduce (SUM, in place) of a float32 host buffer per size, as the
+        communication thread runs it; each timed call starts after a barrier."""
+        import time
+
+        if self.comm.Get_size() < 2:
+            raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
+        times = {}
+        for nbytes in sizes:
+            buffer = np.zeros(max(1, int(nbytes) // 4), dtype=np.float32)
+            for _ in range(warmup):
+                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+            measured = []
+            for _ in range(repeats):
+                self.comm.Barrier()
+                start = time.perf_counter()
+                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+                measured.append(time.perf_counter() - start)
+            times[int(nbytes)] = measured
+        return times
+
 
 TRAINER = CaffeMpiStyleTrainer

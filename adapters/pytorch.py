@@ -318,6 +318,85 @@ class TorchTrainer(Trainer):
         if dist.is_initialized():
             dist.destroy_process_group()
 
+    # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
+    def comm_scheme(self):
+        """DDP: gradient buckets (bucket_mb, the first one 1 MiB) ring-all-reduced over gloo or
+        NCCL as backward fills them; its separated profile all-reduces the whole gradient."""
+        return {"label": "DDP buckets", "overlap": True, "granularity": "bucket",
+                "bucket_bytes": int(self.bucket_mb * 2 ** 20),
+                "first_bucket_bytes": int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2 ** 20)),
+                "profile_granularity": "whole", "algorithm": "ring", "transport": self.backend}
+
+    def layer_backward_profile(self):
+        """One iteration without communication or update; a post-accumulate-grad hook on each
+        parameter stamps when its gradient is final (a CUDA event on GPU). The hooks exist only
+        during this call, so step() pays nothing."""
+        import contextlib
+        import time
+
+        images, labels = self._to_device(*next(self.batches))
+        quiet = (self.model.no_sync() if isinstance(self.model, nn.parallel.DistributedDataParallel)
+                 else contextlib.nullcontext())
+        cuda = self.device.type == "cuda"
+        stamps: dict[str, list] = {}
+
+        def stamp(layer):
+            def hook(_param):
+                if cuda:
+                    event = torch.cuda.Event(enable_timing=True)
+                    event.record()
+                    stamps.setdefault(layer, []).append(event)
+                else:
+                    stamps.setdefault(layer, []).append(time.perf_counter())
+            return hook
+
+        with quiet:  # the forward too: DDP arms its all-reduce hooks in forward
+            loss = F.cross_entropy(self.model(images), labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            handles = [p.register_post_accumulate_grad_hook(stamp(name.rsplit(".", 1)[0]))
+                       for name, p in self.network.leaves.named_parameters() if p.requires_grad]
+            try:
+                self.sync()
+                if cuda:
+                    start = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                else:
+                    start = time.perf_counter()
+                self.backward_local(loss)
+                self.sync()
+            finally:
+                for handle in handles:
+                    handle.remove()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            ready = {layer: max(start.elapsed_time(e) for e in events) / 1e3 for layer, events in stamps.items()}
+        else:
+            ready = {layer: max(events) - start for layer, events in stamps.items()}
+        return sorted(ready.items(), key=lambda item: item[1])
+
+    def collective_times(self, sizes, repeats, warmup=2):
+        """dist.all_reduce (SUM) of a float32 tensor per size, as DDP and the flat all-reduce
+        use it; each timed call starts after a barrier."""
+        import time
+
+        if not dist.is_initialized():
+            raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
+        times = {}
+        for nbytes in sizes:
+            tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
+            for _ in range(warmup):
+                dist.all_reduce(tensor)
+            measured = []
+            for _ in range(repeats):
+                dist.barrier()
+                self.sync()
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                self.sync()
+                measured.append(time.perf_counter() - start)
+            times[int(nbytes)] = measured
+        return times
+
 
 def allreduce_flat(grads: list, world_size: int) -> None:
     """Average `grads` over all ranks in one all-reduce of their concatenation."""

@@ -27,6 +27,9 @@ class FrameworkInfo:
     synchronous_modes: tuple[str, ...]
     rendezvous: str
     server_modes: tuple[str, ...] = ()  # modes with parameter servers (--servers N)
+    # A second environment whose interpreter the adapter drives (CNTK's Python 3.6); its
+    # python reaches the worker as DLC_BACKEND_PYTHON.
+    backend_env: str | None = None
 
 
 FRAMEWORKS: dict[str, FrameworkInfo] = {
@@ -50,6 +53,17 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("collective", "ps", "mirrored"),
         rendezvous="tf",
         server_modes=("ps", "ps-async"),
+    ),
+    "cntk": FrameworkInfo(
+        name="cntk",
+        label="CNTK",
+        module="adapters.cntk",
+        env="torch",  # the worker side needs only NumPy; CNTK itself runs in backend_env
+        # single: one worker; mpi: CNTK's data_parallel_distributed_learner, ranks by mpirun
+        modes=("single", "mpi"),
+        synchronous_modes=("single", "mpi"),
+        rendezvous="mpi",
+        backend_env="cntk",
     ),
     "cntk-style": FrameworkInfo(
         name="cntk-style",

@@ -130,6 +130,116 @@ def run_check(trainer, config: RunConfig, spec, dist: DistInfo) -> None:
         json.dumps({"before": loss, "after": loss_after}))
 
 
+# --------------------------------------------------------------------------- performance model
+
+def layer_profile(trainer, config: RunConfig) -> list[list] | None:
+    """Median over `profile_iterations` of when each layer's gradient is final, counted from
+    the start of backward ([[layer, seconds]], backward order); None where the framework
+    cannot observe it (`Trainer.layer_backward_profile` raises NotImplementedError)."""
+    runs = []
+    for _ in range(max(1, config.profile_iterations)):
+        try:
+            runs.append(dict(trainer.layer_backward_profile()))
+        except NotImplementedError:
+            return None
+    layers = set(runs[0]).intersection(*runs[1:])
+    ready = {layer: statistics.median(run[layer] for run in runs) for layer in layers}
+    return [[layer, t] for layer, t in sorted(ready.items(), key=lambda item: item[1])]
+
+
+def model_inputs(trainer, config: RunConfig) -> dict:
+    """What the performance model needs from this rank besides the phases."""
+    return {"layer_ready": layer_profile(trainer, config), "comm_scheme": trainer.comm_scheme()}
+
+
+def model_extra(spec, results: list[dict], backward: float) -> dict:
+    """The record's extra keys for the performance model (analysis/perfmodel.py):
+
+    - ``layer_backward_s``: [[layer, seconds]] in backward order, one entry per layer with
+      parameters: the time from the previous such layer's gradient being final to this one's
+      (so the entries add up to the backward time);
+    - ``layer_backward_source``: ``hooks`` when measured per layer by the framework (the
+      slowest rank's ready times, scaled to the profile's measured backward), or
+      ``flop-share`` when the measured backward was split by the layers' FLOPs;
+    - ``comm_scheme``: the adapter's `Trainer.comm_scheme()` (absent when it gives none);
+    - ``rank_comm_s``: each rank's separated comm phase (the record's phase is the maximum,
+      which includes the faster ranks' wait for the slowest; the minimum is closer to the
+      transfer itself);
+    - ``rank_phases_s``: each rank's phase medians (the record's phases are per-phase maxima
+      over ranks, whose sum can exceed every rank's own iteration).
+    """
+    from analysis.perfmodel import split_backward_by_flops
+
+    extra = {"rank_comm_s": [r["profile"].get("comm") for r in results],
+             "rank_phases_s": [{p: r["profile"].get(p) for p in PHASES} for r in results]}
+    scheme = results[0].get("comm_scheme")
+    if scheme:
+        extra["comm_scheme"] = scheme
+    params = {name for name, _ in spec.gradient_sizes_backward()}
+    measured = [r.get("layer_ready") for r in results]
+    if all(measured) and all(set(dict(m)) == params for m in measured):
+        ready = {layer: max(dict(m)[layer] for m in measured) for layer in params}
+        ordered = sorted(ready.items(), key=lambda item: item[1])
+        scale = backward / ordered[-1][1] if ordered and ordered[-1][1] > 0 else 1.0
+        previous, layers = 0.0, []
+        for layer, t in ordered:
+            layers.append([layer, max(0.0, (t - previous) * scale)])
+            previous = t
+        extra.update(layer_backward_s=layers, layer_backward_source="hooks")
+    else:
+        rows = [(row.name, row.flops, row.params > 0) for row in spec.layer_table()]
+        extra.update(layer_backward_s=[list(item) for item in split_backward_by_flops(backward, rows)],
+                     layer_backward_source="flop-share")
+    return extra
+
+
+def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
+    """Calibration mode: time the scheme's collective per message size (every rank) and, on
+    a CPU, a local float32 sum of the same sizes (the model's reduction cost gamma); rank 0
+    writes the slowest rank's time per repeat to the record path."""
+    sizes = [int(n) for n in config.calibrate["sizes"]]
+    repeats = int(config.calibrate.get("repeats", 10))
+    warmup = int(config.calibrate.get("warmup", 2))
+    result = {"collective": {str(k): v for k, v in trainer.collective_times(sizes, repeats, warmup).items()}}
+    if config.device == "cpu" and config.calibrate.get("reduction", True):
+        result["reduction"] = {str(k): v for k, v in reduction_times(sizes, repeats).items()}
+    rank_dir = Path(config.rank_dir)
+    write_json_atomic(rank_dir / f"calibrate_rank{dist.rank}.json", result)
+    trainer.barrier()
+    if dist.rank != 0:
+        return
+    paths = [rank_dir / f"calibrate_rank{r}.json" for r in range(dist.world_size)]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [json.loads(p.read_text()) for p in paths]
+    slowest = {size: [max(r["collective"][size][i] for r in ranks) for i in range(len(times))]
+               for size, times in ranks[0]["collective"].items()}
+    write_json_atomic(Path(config.record_path), {
+        "framework": config.framework, "mode": config.mode, "device": config.device,
+        "nodes": config.nodes, "workers_per_node": config.workers_per_node,
+        "world_size": config.world_size, "servers": config.servers,
+        "comm_scheme": trainer.comm_scheme(), "collective": slowest,
+        "reduction": ranks[0].get("reduction"), "env": environment(trainer.versions()),
+        "device_name": trainer.device_name()})
+
+
+def reduction_times(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    """Seconds of a local in-place float32 sum a += b per size (NumPy on the host)."""
+    times = {}
+    for nbytes in sizes:
+        a = np.zeros(max(1, nbytes // 4), dtype=np.float32)
+        b = np.ones_like(a)
+        np.add(a, b, out=a)
+        measured = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            np.add(a, b, out=a)
+            measured.append(time.perf_counter() - start)
+        times[nbytes] = measured
+    return times
+
+
 def rank_result(config: RunConfig, trainer, timings: dict, profile: dict) -> dict:
     return {"timings": timings, "profile": profile, "versions": trainer.versions(),
             "device_name": trainer.device_name(), "extra": trainer.describe()}
@@ -173,6 +283,7 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
                        "profile_backward_comm": phases["backward_comm"],
                        "per_rank_median": [statistics.median(r["timings"]["repeat_times"])
                                            for r in results]}
+    record["extra"].update(model_extra(spec, results, phases["backward"]))
     return record
 
 
@@ -222,13 +333,18 @@ def main(argv: list[str]) -> int:
             run_check(trainer, config, spec, dist)
             trainer.barrier()
             return 0
+        if config.calibrate:
+            run_calibration(trainer, config, dist)
+            trainer.barrier()
+            return 0
         total = config.warmup + config.iterations * config.repeats + 2 * config.profile_iterations
         progress = Progress(config.rank_dir, dist.rank, total)
         timings = timed_loops(trainer, config, dist.rank, progress)
         profile = profile_loops(trainer, config, progress)
         rank_dir = Path(config.rank_dir)
         write_json_atomic(rank_dir / f"rank{dist.rank}.json",
-                          rank_result(config, trainer, timings, profile))
+                          {**rank_result(config, trainer, timings, profile),
+                           **model_inputs(trainer, config)})
         trainer.barrier()
         if dist.rank == 0:
             results = wait_for_rank_files(rank_dir, dist.world_size)

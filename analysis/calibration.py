@@ -9,7 +9,8 @@ timings into the model's parameters:
 2. a weighted least-squares fit of T(n) = a + b n minimising the *relative* residuals
    sum_i ((a + b n_i - T_i) / T_i)^2, so that the latency-bound small messages weigh as much
    as the bandwidth-bound large ones (ordinary least squares on 1 KB .. 64 MB would let the
-   largest sizes decide alone and leave a to noise);
+   largest sizes decide alone and leave a to noise), made robust with Huber weights (IRLS)
+   so that one size a busy machine slowed down does not bend the line;
 3. gamma = the slope of the same fit on the local reduction timings (seconds per byte summed);
 4. the link-level parameters by inverting the algorithm's coefficients
    (`perfmodel.invert_fit`): alpha = a / k_a, beta = (b - k_g gamma) / k_b; for a ring
@@ -108,18 +109,9 @@ def summarize(points: Mapping[int, Sequence[float]]) -> list[PointSummary]:
     return out
 
 
-def fit_linear(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float, float]:
-    """(a, b, rel_rmse) of T = a + b n by least squares on relative residuals.
-
-    Minimises sum_i w_i (a + b n_i - T_i)^2 with w_i = 1 / T_i^2 (the 2x2 normal equations,
-    solved exactly).  A negative intercept or slope is not physical: the fit is then redone
-    with it fixed at 0.  rel_rmse is the root mean square of (fit - T) / T.
-    """
-    if len(sizes) != len(times) or len(sizes) < 2:
-        raise ValueError("a fit needs at least two (size, time) points")
-    if any(t <= 0 for t in times):
-        raise ValueError("times must be positive")
-    w = [1.0 / (t * t) for t in times]
+def _weighted_fit(sizes, times, weights) -> tuple[float, float]:
+    """Minimise sum_i weights_i ((a + b n_i - T_i) / T_i)^2 (2x2 normal equations)."""
+    w = [wi / (t * t) for wi, t in zip(weights, times)]
     sw = sum(w)
     swn = sum(wi * n for wi, n in zip(w, sizes))
     swnn = sum(wi * n * n for wi, n in zip(w, sizes))
@@ -134,6 +126,39 @@ def fit_linear(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, f
         a, b = 0.0, swnt / swnn
     if b < 0:  # constant: a = sum w t / sum w
         a, b = swt / sw, 0.0
+    return a, b
+
+
+HUBER_K = 1.345
+
+
+def fit_linear(sizes: Sequence[float], times: Sequence[float], robust: bool = True) -> tuple[float, float, float]:
+    """(a, b, rel_rmse) of T = a + b n by least squares on relative residuals.
+
+    Minimises sum_i w_i ((a + b n_i - T_i) / T_i)^2: relative residuals, so 1 KB and 64 MB
+    weigh alike.  With `robust`, w_i are Huber weights by iteratively reweighted least squares
+    (k = 1.345 times the residuals' scale 1.4826 * median |r|): a size that a busy machine
+    slowed down tenfold is down-weighted instead of bending the line.  A negative intercept
+    or slope is not physical: the fit is then redone with it fixed at 0.  rel_rmse is the
+    root mean square of (fit - T) / T over all points.
+    """
+    if len(sizes) != len(times) or len(sizes) < 2:
+        raise ValueError("a fit needs at least two (size, time) points")
+    if any(t <= 0 for t in times):
+        raise ValueError("times must be positive")
+    weights = [1.0] * len(sizes)
+    a, b = _weighted_fit(sizes, times, weights)
+    for _ in range(20 if robust and len(sizes) > 3 else 0):
+        residuals = [((a + b * n) - t) / t for n, t in zip(sizes, times)]
+        scale = 1.4826 * statistics.median(abs(r) for r in residuals)
+        if scale <= 1e-12:
+            break
+        weights = [1.0 if abs(r) <= HUBER_K * scale else HUBER_K * scale / abs(r) for r in residuals]
+        new = _weighted_fit(sizes, times, weights)
+        if abs(new[0] - a) <= 1e-9 * max(abs(a), 1e-12) and abs(new[1] - b) <= 1e-9 * max(abs(b), 1e-18):
+            a, b = new
+            break
+        a, b = new
     residuals = [((a + b * n) - t) / t for n, t in zip(sizes, times)]
     return a, b, math.sqrt(sum(r * r for r in residuals) / len(residuals))
 

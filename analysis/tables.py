@@ -347,3 +347,296 @@ def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> dict[str, TablePat
         table.to_csv(csv, index=False)
         written[name] = TablePaths(md, csv)
     return written
+
+
+# --------------------------------------------------------------------------- the performance model
+
+PREDICTION_COLUMNS: list[str] = [
+    "model", "device", "framework", "framework_label", "mode", "batch_per_worker", "nodes", "world_size",
+    "runs", "measured_ms", "predicted_ms", "error_pct", "comm_measured_ms", "comm_predicted_ms",
+    "comm_exposed_pred_ms", "overlap", "hidden_pred", "basis", "layer_source", "from_1_worker_ms",
+    "from_1_worker_error_pct"]
+
+PREDICTION_SUMMARY_COLUMNS: list[str] = [
+    "framework_label", "mode", "runs", "median_abs_error_pct", "median_error_pct", "max_abs_error_pct",
+    "multi_worker_runs", "multi_worker_median_abs_error_pct", "calibrated_runs", "from_1_worker_median_abs_error_pct"]
+
+CALIBRATION_TABLE_COLUMNS: list[str] = [
+    "framework", "mode", "transport", "algorithm", "device_kind", "nodes", "world_size", "alpha_us",
+    "beta_ns_per_byte", "link_gbit_s", "gamma_ns_per_byte", "fit_a_us", "fit_b_ns_per_byte", "rel_rmse_pct",
+    "n_sizes", "repeats", "measured_at"]
+
+
+def prediction_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration: measured and predicted iteration time and their relative error
+    (predicted - measured) / measured, the communication phase measured (separated, after
+    backward) and predicted, the predicted exposed communication, measured and predicted
+    share hidden behind backward, the basis of the prediction (calibrated, measured comm, single
+    worker) and where the per-layer backward times came from; the prediction from the
+    one-worker profile (what-if) and its error where the campaign has that run."""
+    frame = prepare(frame)
+    ok = ok_runs(frame)
+    predicted = _numeric(ok, "predicted_iter_time")
+    ok = ok[predicted.notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=PREDICTION_COLUMNS)
+    ok = ok.assign(
+        measured_ms=ok["iter_time_median"] * 1e3, predicted_ms=_numeric(ok, "predicted_iter_time") * 1e3,
+        error_pct=_numeric(ok, "prediction_error") * 100, comm_measured_ms=_numeric(ok, "phase_comm_s") * 1e3,
+        comm_predicted_ms=_numeric(ok, "phase_comm_pred_s") * 1e3,
+        comm_exposed_pred_ms=_numeric(ok, "extra_prediction_comm_exposed_s") * 1e3,
+        overlap=_numeric(ok, "overlap"), hidden_pred=_numeric(ok, "extra_prediction_hidden_fraction"),
+        basis=_text(ok, "extra_prediction_basis"), layer_source=_text(ok, "extra_prediction_layer_source"),
+        from_1_worker_ms=_numeric(ok, "extra_prediction_from_single_worker_s") * 1e3,
+        from_1_worker_error_pct=_numeric(ok, "extra_prediction_from_single_worker_error") * 100)
+    numbers = ["measured_ms", "predicted_ms", "error_pct", "comm_measured_ms", "comm_predicted_ms",
+               "comm_exposed_pred_ms", "overlap", "hidden_pred", "from_1_worker_ms", "from_1_worker_error_pct"]
+    aggregations = {name: (name, "median") for name in numbers}
+    table = _group(ok).agg(runs=("run_id", "size"), basis=("basis", "first"), layer_source=("layer_source", "first"),
+                           **aggregations).reset_index()
+    return table[PREDICTION_COLUMNS]
+
+
+def _text(frame: pd.DataFrame, column: str) -> pd.Series:
+    if column not in frame.columns:
+        return pd.Series(None, index=frame.index, dtype=object)
+    return frame[column].astype(object).where(frame[column].notna(), None)
+
+
+def prediction_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per framework and mode: the median and largest |relative error| of the model over all
+    runs, the same over runs with more than one worker (where the scheme matters), how many
+    of those were calibrated, and the median |error| of the one-worker-profile prediction."""
+    frame = prepare(frame)
+    ok = ok_runs(frame)
+    ok = ok[_numeric(ok, "prediction_error").notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=PREDICTION_SUMMARY_COLUMNS)
+    rows = []
+    for (label, mode), runs in ok.groupby(["framework_label", "mode"], dropna=False, sort=True):
+        error = _numeric(runs, "prediction_error") * 100
+        multi = runs[pd.to_numeric(runs["world_size"], errors="coerce") > 1]
+        multi_error = _numeric(multi, "prediction_error") * 100
+        basis = _text(multi, "extra_prediction_basis")
+        single = (_numeric(multi, "extra_prediction_from_single_worker_error") * 100).abs()
+        rows.append({"framework_label": label, "mode": mode, "runs": len(runs),
+                     "median_abs_error_pct": error.abs().median(), "median_error_pct": error.median(),
+                     "max_abs_error_pct": error.abs().max(), "multi_worker_runs": len(multi),
+                     "multi_worker_median_abs_error_pct": multi_error.abs().median() if len(multi) else math.nan,
+                     "calibrated_runs": int(basis.fillna("").str.startswith("calibrated").sum()),
+                     "from_1_worker_median_abs_error_pct": single.median() if single.notna().any() else math.nan})
+    return pd.DataFrame(rows, columns=PREDICTION_SUMMARY_COLUMNS)
+
+
+def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
+    """The stored calibrations (`ResultStore.calibration_frame`) in readable units: link-level
+    alpha (us), beta (ns/B and as a link speed), gamma, and the fitted whole-collective
+    T(n) = a + b n with its relative rms error."""
+    if calibrations is None or calibrations.empty:
+        return pd.DataFrame(columns=CALIBRATION_TABLE_COLUMNS)
+    c = calibrations
+    table = pd.DataFrame({
+        "framework": c["framework"], "mode": c["mode"], "transport": c["transport"], "algorithm": c["algorithm"],
+        "device_kind": c["device_kind"], "nodes": c["nodes"], "world_size": c["world_size"],
+        "alpha_us": c["alpha_s"] * 1e6, "beta_ns_per_byte": c["beta_s_per_byte"] * 1e9,
+        "link_gbit_s": (8 / c["beta_s_per_byte"] / 1e9).where(c["beta_s_per_byte"] > 0),
+        "gamma_ns_per_byte": c["gamma_s_per_byte"] * 1e9, "fit_a_us": c["fit_a_s"] * 1e6,
+        "fit_b_ns_per_byte": c["fit_b_s_per_byte"] * 1e9, "rel_rmse_pct": c["rel_rmse"] * 100,
+        "n_sizes": c["n_sizes"], "repeats": c["repeats"], "measured_at": c["measured_at"]})
+    return table[CALIBRATION_TABLE_COLUMNS]
+
+
+# --------------------------------------------------------------------------- the study's tables
+
+STUDY_TOPOLOGIES: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (1, 4), (2, 2), (4, 4))  # (nodes, workers)
+
+
+def topology_label(nodes, world_size) -> str:
+    """'1 worker', '4 workers', '2 nodes', '2 nodes (8 workers)'."""
+    nodes = 1 if _missing(nodes) else int(nodes)
+    world = 0 if _missing(world_size) else int(world_size)
+    if nodes <= 1:
+        return f"{world} worker" + ("" if world == 1 else "s")
+    return f"{nodes} nodes" + ("" if world == nodes else f" ({world} workers)")
+
+
+def _series(label, mode) -> str:
+    label = "" if _missing(label) else str(label)
+    if _missing(mode) or not str(mode) or str(mode).lower() in label.lower():
+        return label
+    return f"{label} ({mode})"
+
+
+def study_scaling_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The study's multi-worker table per model: frameworks as rows; as columns the
+    topologies 1, 2, 4 workers and 2, 4 nodes (plus any other measured), each with iteration
+    time (ms), speedup S and efficiency E.  Columns are a two-level index (topology,
+    quantity); unmeasured cells are NaN."""
+    configs = configs_with_speedup(frame)
+    out = {}
+    if configs.empty:
+        return out
+    configs = configs.assign(topology=[topology_label(n, w) for n, w in zip(configs["nodes"], configs["world_size"])],
+                             framework_row=[_series(lb, m) for lb, m in zip(configs["framework_label"], configs["mode"])])
+    for model, rows in configs.groupby("model", sort=True):
+        several = rows.groupby("framework_row")[["batch_per_worker", "device"]].nunique().max().max() > 1
+        measured = sorted({(1 if _missing(n) else int(n), int(w)) for n, w in zip(rows["nodes"], rows["world_size"])})
+        order = [topology_label(n, w) for n, w in STUDY_TOPOLOGIES]
+        order += [t for t in (topology_label(n, w) for n, w in measured) if t not in order]
+        index_keys = ["framework_row"] + (["batch_per_worker", "device"] if several else [])
+        table = {}
+        for key, group in rows.groupby(index_keys, sort=True, dropna=False):
+            key = key if isinstance(key, tuple) else (key,)
+            cells = {}
+            for topology in order:
+                hit = group[group["topology"] == topology]
+                first = hit.iloc[0] if len(hit) else None
+                cells[(topology, "ms")] = math.nan if first is None else float(first["iter_ms_median"])
+                cells[(topology, "S")] = math.nan if first is None else float(first["speedup"])
+                cells[(topology, "E")] = math.nan if first is None else float(first["efficiency"])
+            table[key] = cells
+        wide = pd.DataFrame.from_dict(table, orient="index")
+        wide.columns = pd.MultiIndex.from_tuples(wide.columns, names=["topology", ""])
+        wide.index = pd.MultiIndex.from_tuples(list(table), names=["framework"] + index_keys[1:]) \
+            if len(index_keys) > 1 else pd.Index([k[0] for k in table], name="framework")
+        out[model] = wide
+    return out
+
+
+STUDY_SINGLE_COLUMNS: list[str] = ["model", "framework", "device", "batch_per_worker", "images_per_s", "iter_ms",
+                                   "io_ms", "h2d_ms", "forward_ms", "backward_ms", "update_ms"]
+
+
+def study_single_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The study's single-worker table: per model and framework, throughput (images/s),
+    iteration time and the per-phase breakdown in milliseconds (profile mode)."""
+    throughput = throughput_table(frame)
+    phases = phase_table(frame)
+    if throughput.empty:
+        return pd.DataFrame(columns=STUDY_SINGLE_COLUMNS)
+    single = throughput[_mask(throughput["world_size"] == 1)]
+    keys = ["model", "device", "framework_label", "mode", "batch_per_worker"]
+    if not phases.empty:
+        phases = phases[_mask(phases["world_size"] == 1)]
+        keep = [c for c in ("io_s", "h2d_s", "forward_s", "backward_s", "update_s") if c in phases.columns]
+        single = single.merge(phases[keys + keep], on=keys, how="left")
+    rows = []
+    for _, row in single.iterrows():
+        item = {"model": row["model"], "framework": _series(row["framework_label"], row["mode"]),
+                "device": row["device"], "batch_per_worker": row["batch_per_worker"],
+                "images_per_s": row["images_per_s"], "iter_ms": row["iter_ms_median"]}
+        for phase in ("io", "h2d", "forward", "backward", "update"):
+            value = row.get(f"{phase}_s")
+            item[f"{phase}_ms"] = math.nan if _missing(value) else float(value) * 1e3
+        rows.append(item)
+    return pd.DataFrame(rows, columns=STUDY_SINGLE_COLUMNS).sort_values(["model", "framework"]).reset_index(drop=True)
+
+
+def flatten_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """Two-level columns (topology, quantity) -> 'topology ms' ... and the index as columns,
+    for CSV and Markdown."""
+    flat = table.copy()
+    if isinstance(flat.columns, pd.MultiIndex):
+        flat.columns = [" ".join(str(part) for part in col if str(part)) for col in flat.columns]
+    return flat.reset_index()
+
+
+LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+
+
+def latex_escape(text) -> str:
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def _latex_cell(value, fmt: str) -> str:
+    if _missing(value):
+        return "--"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, fmt)
+    return latex_escape(value)
+
+
+def to_latex(table: pd.DataFrame, caption: str = "", formats: dict[str, str] | None = None) -> str:
+    """A booktabs tabular (no pandas/jinja2 needed): two-level columns get \\multicolumn
+    group headers; the index becomes the leading columns; missing values are '--'."""
+    formats = formats or {}
+    frame = table.reset_index() if not isinstance(table.index, pd.RangeIndex) else table
+    columns = list(frame.columns)
+    two_level = isinstance(table.columns, pd.MultiIndex)
+    names = [c if isinstance(c, tuple) else (c, "") for c in columns]
+    kinds = ["r" if pd.api.types.is_numeric_dtype(frame[c]) else "l" for c in columns]
+    lines = ["% generated by dlcompare (analysis/tables.py)", r"\begin{tabular}{" + "".join(kinds) + "}",
+             r"\toprule"]
+    if two_level:
+        groups, rules, position = [], [], 1
+        k = 0
+        while k < len(names):
+            top = names[k][0] if names[k][1] else ""
+            span = 1
+            while top and k + span < len(names) and names[k + span][0] == top and names[k + span][1]:
+                span += 1
+            if top:
+                groups.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(top)}}}")
+                rules.append(rf"\cmidrule(lr){{{position}-{position + span - 1}}}")
+            else:
+                groups += [""] * span
+            position += span
+            k += span
+        lines.append(" & ".join(groups) + r" \\")
+        lines.append(" ".join(rules))
+        header = [latex_escape(sub if sub else top) for top, sub in names]
+    else:
+        header = [latex_escape(str(c).replace("_", " ")) for c in columns]
+    lines += [" & ".join(header) + r" \\", r"\midrule"]
+    for _, row in frame.iterrows():
+        cells = []
+        for column, (top, sub) in zip(columns, names):
+            key = sub or top
+            fmt = formats.get(key, formats.get(str(top), float_format(str(key))))
+            if fmt == "g":
+                fmt = ".3g"
+            cells.append(_latex_cell(row[column], fmt))
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if caption:
+        lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}", *lines, r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+STUDY_FORMATS = {"ms": ".1f", "S": ".2f", "E": ".2f", "images_per_s": ".1f", "iter_ms": ".1f", "io_ms": ".2f",
+                 "h2d_ms": ".2f", "forward_ms": ".1f", "backward_ms": ".1f", "update_ms": ".2f"}
+
+
+def write_study_tables(frame: pd.DataFrame, out_dir: str | Path) -> dict[str, dict[str, Path]]:
+    """The study's tables as Markdown, CSV and LaTeX under ``tables/``: ``study_single``
+    (single-worker throughput and phases) and ``study_scaling_<model>`` per model."""
+    folder = Path(out_dir) / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    tables_ = {"study_single": (study_single_table(frame),
+                                "Single worker: throughput (images/s), iteration time and phases (ms)")}
+    for model, table in study_scaling_tables(frame).items():
+        tables_[f"study_scaling_{model}"] = (table, f"{model}: iteration time (ms), speedup S and efficiency E "
+                                                    "per topology (weak scaling)")
+    for old in folder.glob("study_scaling_*"):
+        if old.stem not in tables_:
+            old.unlink()
+    for name, (table, caption) in tables_.items():
+        flat = flatten_columns(table) if name != "study_single" else table
+        paths = {"md": folder / f"{name}.md", "csv": folder / f"{name}.csv", "tex": folder / f"{name}.tex"}
+        paths["md"].write_text(f"# {caption}\n\n{_study_markdown(flat)}", encoding="utf-8")
+        flat.to_csv(paths["csv"], index=False)
+        paths["tex"].write_text(to_latex(table, caption, STUDY_FORMATS), encoding="utf-8")
+        written[name] = paths
+    return written
+
+
+def _study_markdown(flat: pd.DataFrame) -> str:
+    if flat.empty:
+        return "_No rows._\n"
+    formats = []
+    for column in flat.columns:
+        last = str(column).rsplit(" ", 1)[-1]
+        formats.append(STUDY_FORMATS.get(last, STUDY_FORMATS.get(str(column), float_format(str(column)))))
+    return display_frame(flat).to_markdown(index=False, floatfmt=formats, missingval="—") + "\n"

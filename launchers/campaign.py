@@ -19,9 +19,11 @@ from rich.table import Table
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
 from adapters.registry import framework_info
+from analysis.predict import predict_stored
 from analysis.record import empty_record
 from launchers import plan as planning
-from launchers.envs import REPO_ROOT, EnvBuildError, dlcompare_home, ensure_environment
+from launchers.envs import (REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home,
+                            ensure_environment)
 from launchers.local import run_local
 from models import get_model
 
@@ -86,15 +88,25 @@ def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[s
     console.print(table)
 
 
-def prepare_environments(campaign: planning.Campaign) -> dict[str, str]:
-    """Build (once) or reuse each framework's environment; returns env name -> python."""
-    pythons = {}
+def prepare_environments(campaign: planning.Campaign) -> tuple[dict[str, str], dict[str, str]]:
+    """Build (once) or reuse each framework's environments.
+
+    Returns (env name -> python, framework -> why it cannot run here). A framework this
+    machine cannot host at all (EnvUnavailable: e.g. no Python 3.6 for CNTK) is reported and
+    skipped; any other build failure is an error for the whole campaign (EnvBuildError).
+    """
+    pythons, unavailable = {}, {}
     for info, _ in campaign.frameworks:
-        if info.env not in pythons:
-            with console.status(f"environment for {info.name} ..."):
-                env = ensure_environment(info.env, log=console.print)
-            pythons[info.env] = str(env.python)
-    return pythons
+        for name in filter(None, (info.env, info.backend_env)):
+            if name in pythons or info.name in unavailable:
+                continue
+            try:
+                with console.status(f"environment {name} for {info.name} ..."):
+                    pythons[name] = str(ensure_environment(name, log=console.print).python)
+            except EnvUnavailable as error:
+                unavailable[info.name] = str(error)
+                console.print(f"[yellow]{info.name}: cannot run on this machine: {error}[/yellow]")
+    return pythons, unavailable
 
 
 def prepare_data(campaign: planning.Campaign, runs: list[RunConfig]) -> None:
@@ -130,14 +142,16 @@ def failure_record(run: RunConfig, status: str, error: str, duration: float) -> 
         status=status, error=error, duration_s=duration)
 
 
-def execute(run: RunConfig, python: str, campaign: planning.Campaign, on_progress) -> dict:
+def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign,
+            on_progress) -> dict:
     """One run through the local transport; always returns a record (ok or failure)."""
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     info = framework_info(run.framework)
     run_dir = Path(run.rank_dir)
     Path(run.record_path).unlink(missing_ok=True)
-    outcome = run_local(run, python, run_dir, info.rendezvous, REPO_ROOT, campaign.timeout,
-                        on_progress)
+    extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]} if info.backend_env else {})
+    outcome = run_local(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
+                        campaign.timeout, on_progress, extra_env=extra_env)
     record_path = Path(run.record_path)
     if outcome.status == "ok" and record_path.exists():
         record = json.loads(record_path.read_text())
@@ -151,7 +165,7 @@ def execute(run: RunConfig, python: str, campaign: planning.Campaign, on_progres
     return record
 
 
-def run_all(campaign, runs, pending, pythons, store) -> list[dict]:
+def run_all(campaign, pending, pythons, unavailable, store) -> list[dict]:
     """Run the pending runs with a campaign bar and a per-run bar; store each record."""
     records = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -165,9 +179,13 @@ def run_all(campaign, runs, pending, pythons, store) -> list[dict]:
                 if state:
                     progress.update(task, completed=state[0], total=state[1])
 
-            python = pythons[framework_info(run.framework).env]
-            record = execute(run, python, campaign, update)
+            if run.framework in unavailable:
+                record = failure_record(run, "failed",
+                                        f"unavailable here: {unavailable[run.framework]}", 0.0)
+            else:
+                record = execute(run, pythons, campaign, update)
             store.add(record)
+            predict_stored(store, record, console)  # the performance model's prediction
             records.append(record)
             progress.update(task, description=f"  {run.run_id} [{record['status']}]")
             progress.remove_task(task) if record["status"] == "ok" else None
@@ -196,16 +214,20 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         print_plan(campaign, runs, stored)
         if args.dry_run:
             return 0
-        pythons = prepare_environments(campaign)
+        pythons, unavailable = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]
         prepare_data(campaign, pending)
+        if getattr(args, "calibrate", False):  # alpha, beta of each transport, where missing
+            from launchers.calibrate import calibrate_campaign
+
+            calibrate_campaign(campaign, pythons, unavailable, store, console)
     except (planning.UsageError, EnvBuildError, StoreError) as error:
         print(f"dlcompare: error: {error}", file=sys.stderr)
         return 2
     store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
     store.set_meta("settings", planning.campaign_summary(campaign))
     try:
-        records = run_all(campaign, runs, pending, pythons, store)
+        records = run_all(campaign, pending, pythons, unavailable, store)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stored runs are kept; run the same command "
                       "again to resume[/yellow]")

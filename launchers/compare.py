@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data-loader processes per worker with --data files (default: 2)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run again the runs stored as failed or timeout")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="first fit the communication model's alpha, beta for every framework "
+                             "and worker count without a stored calibration (python -m "
+                             "launchers.calibrate), so every prediction is calibrated")
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
     parser.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)  # tests only
     return parser

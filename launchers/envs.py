@@ -39,6 +39,11 @@ class EnvBuildError(RuntimeError):
     """An environment could not be built; the message is one line and names the log."""
 
 
+class EnvUnavailable(EnvBuildError):
+    """This machine lacks what the environment needs at all (an interpreter version): the
+    framework cannot run here, which is a fact to report, not a broken build."""
+
+
 def dlcompare_home() -> Path:
     return Path(os.environ.get("DLCOMPARE_HOME", "~/.cache/dlcompare")).expanduser()
 
@@ -154,13 +159,26 @@ def base_interpreter(requirements: str) -> str:
     if not match:
         return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     version = match.group(1)
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
     pyenv_root = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser()
-    for candidate in sorted(pyenv_root.glob(f"versions/{version}.*/bin/python{version}")):
-        return str(candidate)
-    raise EnvBuildError(f"environment needs Python {version}, which is not on this machine")
+    # PATH may hold pyenv's shim, which exists but fails unless that version is selected: a
+    # candidate counts only if it runs and is that version.
+    candidates = [shutil.which(f"python{version}"),
+                  *map(str, sorted(pyenv_root.glob(f"versions/{version}.*/bin/python{version}")))]
+    for candidate in filter(None, candidates):
+        if interpreter_version(candidate) == version:
+            return candidate
+    raise EnvUnavailable(f"needs Python {version}, which is not on this machine "
+                         f"(looked on PATH and in {pyenv_root}/versions)")
+
+
+def interpreter_version(python: str) -> str | None:
+    """'X.Y' of an interpreter that runs, else None."""
+    try:
+        result = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def environment_for(name: str) -> Environment:

@@ -52,18 +52,20 @@ class ProcessGroupRun:
     """The processes of one run, started together and ended together."""
 
     def __init__(self, config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str,
-                 cwd: Path):
+                 cwd: Path, extra_env: dict[str, str] | None = None):
         self.config = config
         self.run_dir = run_dir
         self.specs: list[ProcessSpec] = processes_for(rendezvous_kind, config)
         self.python = python
         self.cwd = cwd
+        self.extra_env = extra_env or {}
         self.processes: list[subprocess.Popen] = []
         self.pgid: int | None = None
 
     def start(self, run_json: Path) -> None:
         base = {**os.environ, **thread_env(self.config.threads_per_worker),
-                "PYTHONPATH": str(self.cwd), "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo"}
+                "PYTHONPATH": str(self.cwd), "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+                **self.extra_env}
         base.pop("DLCOMPARE_HOST_ENV", None)
         for spec in self.specs:
             stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
@@ -160,12 +162,13 @@ def wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
 
 
 def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str, cwd: Path,
-              timeout: float, on_progress=None) -> RunOutcome:
+              timeout: float, on_progress=None, extra_env: dict[str, str] | None = None
+              ) -> RunOutcome:
     """Write RUN.json, start every rank, wait for all of them or the first failure."""
     run_dir.mkdir(parents=True, exist_ok=True)
     run_json = run_dir / "RUN.json"
     config.to_json(run_json)
-    group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd)
+    group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd, extra_env)
     try:
         group.start(run_json)
     except BaseException:

@@ -74,3 +74,18 @@ def test_crashing_or_hanging_rank_is_recorded_and_leaves_nothing(tmp_path, torch
     assert elapsed < 40 + 60  # the timeout plus start-up and report
     assert (out / "report.html").exists()  # the campaign went on to its report
     assert worker_processes(str(out)) == []
+
+
+@pytest.mark.slow
+def test_jpeg_files_through_dataloader_workers(tmp_path, torch_python):
+    """--data files: the project's generated JPEG class folders, decoded by DataLoader worker
+    processes; those processes are gone after the run too."""
+    out = tmp_path / "files"
+    result = run_cli("launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny",
+                     "--workers", "2", "--data", "files", "--loader-workers", "2",
+                     "--out", str(out), *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with sqlite3.connect(out / "results.sqlite") as db:
+        (data, status, loss_first), = db.execute("SELECT data, status, loss_first FROM runs")
+    assert (data, status) == ("files", "ok") and loss_first > 0
+    assert worker_processes(str(out)) == []

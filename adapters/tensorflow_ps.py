@@ -1,0 +1,475 @@
+"""TensorFlow's parameter-server modes (imported by adapters/tensorflow.py only when used).
+
+`ps` — synchronous, as the study's TensorFlow ran it: a TF1 graph (`tf.compat.v1`) built in
+each worker process, variables placed on the `ps` job by `replica_device_setter` (greedy by
+bytes, like tf_cnn_benchmarks; `options["ps_strategy"] = "round_robin"` for TF's default),
+gradients aggregated by `SyncReplicasOptimizer` (one gradient per worker per step, averaged
+in conditional accumulators on the servers; the chief's queue runner applies the momentum
+update there and releases one token per worker). Sessions are created without
+MonitoredSession: its recovering session would retry for ever when a server dies, and its
+defaults wait 30 s for non-chief readiness (`recovery_wait_secs`) and 120 s on close
+(`stop_grace_period_secs`); here readiness is polled every 0.1 s and close waits 1 s.
+
+`ps-async` — TF2 ParameterServerStrategy with a ClusterCoordinator: the coordinator (DLC's one
+reporting worker process) schedules step functions on the TF workers, each reading variables
+from the servers and applying its own update there without waiting for the others.
+
+`serve` runs a server process: a `tf.distribute.Server` for the `ps` job (or a TF `worker` for
+ps-async) that serves until the launcher ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig
+from adapters.tensorflow import (TensorFlowTrainer, TFModel, choose_layout, configure_threads,
+                                 jpeg_dataset, momentum_update, synthetic_pool, tf_versions)
+
+READY_POLL_SECONDS = 0.1
+STOP_GRACE_SECONDS = 1
+BARRIER_TIMEOUT_SECONDS = 600
+
+
+def tf_config() -> tuple[dict, dict]:
+    try:
+        data = json.loads(os.environ["TF_CONFIG"])
+        return data["cluster"], data["task"]
+    except (KeyError, ValueError) as error:
+        raise FrameworkUnavailable(f"parameter-server modes need TF_CONFIG from the launcher "
+                                   f"({error})") from None
+
+
+def session_config(config: RunConfig, device_filters=None):
+    threads = max(1, config.threads_per_worker)
+    proto = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=threads,
+        inter_op_parallelism_threads=int(config.options.get("inter_op_threads",
+                                                            max(2, threads))),
+        allow_soft_placement=False, device_filters=device_filters or [])
+    if config.options.get("xla"):
+        proto.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_1
+    return proto
+
+
+def serve(config: RunConfig, role: str, index: int) -> int:
+    """A parameter server (TF job `ps`) or, for ps-async, a TF worker: serve until killed."""
+    cluster, task = tf_config()
+    if config.mode == "ps":
+        device_filters = ["/job:ps", "/job:worker"]
+    else:
+        device_filters = None
+        tf.config.set_visible_devices([], "GPU") if config.device != "gpu" else None
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=task["type"],
+                                  task_index=int(task["index"]), protocol="grpc",
+                                  config=session_config(config, device_filters), start=True)
+    print(f"{role} {index}: TF {task['type']}:{task['index']} serving at {server.target}",
+          file=sys.stderr, flush=True)
+    server.join()
+    return 0
+
+
+class GreedyByBytes:
+    """replica_device_setter's ps_strategy: each variable to the least-loaded server by bytes
+    (tf.contrib.training.GreedyLoadBalancingStrategy with byte_size_load_fn, gone in TF2)."""
+
+    def __init__(self, servers: int):
+        self.loads = [0] * servers
+
+    def __call__(self, op) -> int:
+        try:
+            shape = tf.TensorShape(op.get_attr("shape"))
+            dtype = tf.as_dtype(op.get_attr("dtype"))
+            size = (shape.num_elements() or 1) * dtype.size
+        except (ValueError, TypeError):
+            size = 1
+        task = int(np.argmin(self.loads))
+        self.loads[task] += size
+        return task
+
+
+class SessionCreator(tf.compat.v1.train.SessionCreator):
+    """The chief initialises (from the canonical weights fed to the initialisers), the others
+    wait for it, polling every READY_POLL_SECONDS (SessionManager's default is 30 s)."""
+
+    def __init__(self, scaffold, master, config, is_chief):
+        self.scaffold, self.master, self.config, self.is_chief = scaffold, master, config, is_chief
+
+    def create_session(self):
+        self.scaffold.finalize()
+        manager = tf.compat.v1.train.SessionManager(
+            local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
+            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
+            graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=READY_POLL_SECONDS)
+        if self.is_chief:
+            return manager.prepare_session(self.master, init_op=self.scaffold.init_op,
+                                           init_feed_dict=self.scaffold.init_feed_dict,
+                                           config=self.config)
+        return manager.wait_for_session(self.master, config=self.config,
+                                        max_wait_secs=BARRIER_TIMEOUT_SECONDS)
+
+
+class GraphPSTrainer(TensorFlowTrainer):
+    """Synchronous parameter servers in TF1 graph mode (see the module docstring)."""
+
+    def __init__(self, spec, config: RunConfig, dist: DistInfo):
+        super().__init__(spec, config, dist)
+        if config.device == "gpu":
+            raise FrameworkUnavailable("the ps mode is wired for CPU workers here")
+        tf.config.set_visible_devices([], "GPU")
+        cluster, task = tf_config()
+        self.rank, self.workers = dist.rank, dist.world_size
+        self.servers = len(cluster["ps"])
+        self.is_chief = self.rank == 0
+        self.layout = choose_layout(config, gpu=False)
+        self.session_config = session_config(
+            config, ["/job:ps", f"/job:worker/task:{self.rank}"])
+        self.server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker",
+                                           task_index=self.rank, protocol="grpc",
+                                           config=self.session_config, start=True)
+        self.graph = tf.Graph()
+        self.model = TFModel(spec, self.layout, config.dropout)
+        self.ps_strategy = config.options.get("ps_strategy", "greedy")
+        with self.graph.as_default():
+            tf.compat.v1.set_random_seed(config.seed)
+            self._build(cluster)
+        self.session = None
+        self._loss = None
+        self._barriers = 0
+
+    # -- graph -------------------------------------------------------------------------------
+    def _build(self, cluster):
+        model, config = self.model, self.config
+        worker = f"/job:worker/task:{self.rank}"
+        strategy = GreedyByBytes(self.servers) if self.ps_strategy == "greedy" else None
+        setter = tf.compat.v1.train.replica_device_setter(
+            ps_tasks=self.servers, worker_device=worker, cluster=tf.train.ClusterSpec(cluster),
+            ps_strategy=strategy)
+        self.init_values = {}
+        with tf.device(setter):
+            self.global_step = tf.compat.v1.train.get_or_create_global_step()
+            self.params, self.buffers = {}, {}
+            for names, store, trainable in ((model.param_shapes, self.params, True),
+                                            (model.buffer_shapes, self.buffers, False)):
+                for name, shape in names.items():
+                    holder = tf.compat.v1.placeholder(tf.float32, shape, name=f"init_{name}")
+                    self.init_values[name] = holder
+                    store[name] = tf.compat.v1.Variable(holder, trainable=trainable,
+                                                        name=name.replace(".", "/"))
+        self.names = list(self.params)
+        with tf.device("/job:ps/task:0"):
+            self.barrier_count = tf.compat.v1.Variable(tf.constant(0, tf.int64), trainable=False,
+                                                       name="dlc_barrier")
+            self.barrier_add = self.barrier_count.assign_add(1)
+        with tf.device(worker):
+            images, labels = self._input()
+            self.images = tf.compat.v1.placeholder_with_default(images, images.shape)
+            self.labels = tf.compat.v1.placeholder_with_default(labels, labels.shape)
+            self.batch = (images, labels)
+            logits, self.updates = model(self.images, self.params, self.buffers, training=True)
+            self.loss = model.loss(logits, self.labels)
+            optimizer = tf.compat.v1.train.MomentumOptimizer(config.lr, config.momentum)
+            self.sync = tf.compat.v1.train.SyncReplicasOptimizer(
+                optimizer, replicas_to_aggregate=self.workers, total_num_replicas=self.workers)
+            grads_and_vars = self.sync.compute_gradients(
+                self.loss, var_list=[self.params[n] for n in self.names])
+            self.grads = [g for g, _ in grads_and_vars]
+            self.train_op = self.sync.apply_gradients(grads_and_vars, global_step=self.global_step)
+            # Profile pieces: a worker-local copy of the weights, pulled explicitly, so
+            # forward and backward can be timed without communication.
+            self.local = {n: tf.compat.v1.Variable(tf.zeros(model.param_shapes[n]),
+                                                   trainable=False, name=f"local/{n}",
+                                                   collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+                          for n in self.names}
+            self.pull = tf.group(*[self.local[n].assign(self.params[n]) for n in self.names])
+            # (a graph run executes only what its fetches need: fetching the loss alone
+            # leaves the statistics' assignments out)
+            local_logits, self.local_updates = model(self.images, self.local, self.buffers,
+                                                     training=True)
+            self.local_loss = model.loss(local_logits, self.labels)
+            self.local_grads = tf.gradients(self.local_loss, [self.local[n] for n in self.names])
+        self.hook = self.sync.make_session_run_hook(self.is_chief, num_tokens=0)
+        self.hook.begin()
+        self.saver = tf.compat.v1.train.Saver([self.global_step])  # Scaffold insists on one
+
+    def _input(self):
+        if self.config.data == "synthetic":
+            pool = synthetic_pool(self.spec, self.config, self.model, self.rank, self.workers)
+            dataset = tf.data.Dataset.from_tensor_slices(
+                (np.stack([i for i, _ in pool]), np.stack([y for _, y in pool]))).repeat()
+        else:
+            dataset = jpeg_dataset(self.config, self.model, self.rank, self.workers)
+        return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+    # -- session -----------------------------------------------------------------------------
+    def _open(self, weights):
+        feed = {self.init_values[n]: self.model.to_tf(n, weights[n]) for n in self.init_values}
+        with self.graph.as_default():
+            scaffold = tf.compat.v1.train.Scaffold(saver=self.saver, init_feed_dict=feed)
+            creator = SessionCreator(scaffold, self.server.target, self.session_config,
+                                     self.is_chief)
+            self.session = creator.create_session()
+            self.coordinator = tf.train.Coordinator()
+            self.hook.after_create_session(self.session, self.coordinator)
+
+    def _run(self, fetches, feed_dict=None):
+        return self.session.run(fetches, feed_dict=feed_dict)
+
+    # -- weights -----------------------------------------------------------------------------
+    def load_weights(self, weights):
+        expected = set(self.params) | set(self.buffers)
+        missing, unexpected = expected - set(weights), set(weights) - expected
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}")
+        if self.session is None:
+            self._open(weights)  # the chief initialises the servers' variables from these
+            return
+        variables = {**self.params, **self.buffers}
+        with self.graph.as_default():
+            for name, variable in variables.items():
+                variable.load(self.model.to_tf(name, weights[name]), self.session)
+
+    def export_weights(self):
+        names = list(self.params) + list(self.buffers)
+        values = self._run([{**self.params, **self.buffers}[n] for n in names])
+        return {n: self.model.to_canonical(n, v) for n, v in zip(names, values)}
+
+    def gradients(self, images, labels):
+        feed = {self.images: self.model.images_to_layout(images), self.labels: labels}
+        loss, grads, _ = self._run([self.loss, self.grads, self.updates], feed)
+        return float(loss), {n: self.model.to_canonical(n, g) for n, g in zip(self.names, grads)}
+
+    # -- iterations --------------------------------------------------------------------------
+    def step(self):
+        _, self._loss, _ = self._run([self.train_op, self.loss, self.updates])
+
+    def profile_step(self, overlapped: bool):
+        """Phases in graph mode (each a separate session run; nothing runs between them).
+
+        io: the next batch from tf.data fetched to the host (then fed back in: the same batch
+        for every run of this iteration); h2d: 0 (CPU). Separated kind: comm = pulling every
+        weight from the servers into worker-local copies + pushing the gradients (fed back
+        from the host) through SyncReplicasOptimizer, which includes waiting for the other
+        workers and the chief's momentum update on the servers; forward = the local copy's
+        forward; backward = (forward + backward) - forward, because a graph-mode run of the
+        gradients recomputes the forward (no partial runs on a distributed master). update = 0:
+        it runs on the servers inside the synchronisation and is counted in comm.
+        Overlapped kind: TF's own step graph (pull, forward, backward, push, sync in one run,
+        overlapping as the dataflow allows) minus the local forward.
+        """
+        timer = PhaseTimer(lambda: None)
+        images, labels = self._run(self.batch)
+        timer.lap("io")
+        timer.laps["h2d"] = 0.0
+        feed = {self.images: images, self.labels: labels}
+        self._run(self.pull)
+        timer.lap("pull")
+        self._run(self.local_loss, feed)
+        timer.lap("forward")
+        if overlapped:
+            _, self._loss, _ = self._run([self.train_op, self.loss, self.updates], feed)
+            timer.lap("backward_comm")
+            timer.laps["backward_comm"] = max(0.0, timer.laps["backward_comm"]
+                                              - timer.laps["forward"])
+            timer.laps.pop("pull")
+            timer.laps["update"] = 0.0
+            return timer.laps
+        loss, grads, _ = self._run([self.local_loss, self.local_grads, self.local_updates], feed)
+        timer.lap("forward_backward")
+        feed_grads = dict(zip(self.grads, grads))
+        self._run(self.train_op, feed_grads)
+        timer.lap("push")
+        self._loss = loss
+        laps = timer.laps
+        return {"io": laps["io"], "h2d": 0.0, "forward": laps["forward"],
+                "backward": max(0.0, laps["forward_backward"] - laps["forward"]),
+                "comm": laps["pull"] + laps["push"], "update": 0.0}
+
+    def last_loss(self):
+        return float(self._loss) if self._loss is not None else float("nan")
+
+    def barrier(self):
+        """Every worker counts itself in on the first server, then waits for the others."""
+        self._barriers += 1
+        target = self._barriers * self.workers
+        self._run(self.barrier_add)
+        deadline = time.monotonic() + BARRIER_TIMEOUT_SECONDS
+        while self._run(self.barrier_count) < target:
+            if time.monotonic() > deadline:
+                raise TimeoutError("workers did not all reach the barrier")
+            time.sleep(0.01)
+
+    def versions(self):
+        return {**tf_versions(), "tf_graph_mode": "tf.compat.v1"}
+
+    def describe(self):
+        return {"layout": self.layout, "servers": self.servers, "single_device": False,
+                "ps_strategy": self.ps_strategy, "optimizer": "SyncReplicasOptimizer(Momentum)",
+                "xla": bool(self.config.options.get("xla", False)),
+                "profile_note": "comm = pull weights + push gradients and synchronise (the "
+                                "update runs on the servers inside it); backward = local "
+                                "forward+backward - forward"}
+
+    def close(self):
+        if self.session is None:
+            return
+        self.coordinator.request_stop()
+        try:
+            self.coordinator.join(stop_grace_period_secs=STOP_GRACE_SECONDS,
+                                  ignore_live_threads=True)
+        except Exception:  # noqa: BLE001 - closing; a queue-runner error changes nothing now
+            pass
+        self.session.close()
+        self.session = None
+
+
+class AsyncPSTrainer(TensorFlowTrainer):
+    """TF2 ParameterServerStrategy + ClusterCoordinator (asynchronous; see the module doc).
+
+    One `step()` schedules one step function per TF worker (the global batch), returning at
+    once; `sync()` joins the coordinator. The weights each worker reads may be older than
+    other workers' updates: that is the scheme.
+    """
+
+    def __init__(self, spec, config: RunConfig, dist: DistInfo):
+        super().__init__(spec, config, dist)
+        tf.config.set_visible_devices([], "GPU")
+        configure_threads(config)
+        self.layout = choose_layout(config, gpu=False)
+        self.model = TFModel(spec, self.layout, config.dropout)
+        cluster, _ = tf_config()
+        self.workers, self.servers = len(cluster["worker"]), len(cluster["ps"])
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        with self.strategy.scope():
+            self.params = {n: tf.Variable(tf.zeros(s), name=n.replace(".", "/"))
+                           for n, s in self.model.param_shapes.items()}
+            self.slots = {n: tf.Variable(tf.zeros(s), trainable=False,
+                                         name=n.replace(".", "/") + "/momentum")
+                          for n, s in self.model.param_shapes.items()}
+            self.buffers = {n: tf.Variable(tf.zeros(s), trainable=False, name=n.replace(".", "/"))
+                            for n, s in self.model.buffer_shapes.items()}
+        self.names = list(self.params)
+        self._build_functions()
+        self._results = []
+
+    def _dataset_fn(self, context):
+        rank = context.input_pipeline_id if context else 0
+        if self.config.data == "synthetic":
+            pool = synthetic_pool(self.spec, self.config, self.model, rank, self.workers)
+            return tf.data.Dataset.from_tensor_slices(
+                (np.stack([i for i, _ in pool]), np.stack([y for _, y in pool]))).repeat()
+        return jpeg_dataset(self.config, self.model, rank, self.workers)
+
+    def _build_functions(self):
+        model, names, lr, momentum = self.model, self.names, self.config.lr, self.config.momentum
+
+        def grads_fn(images, labels):
+            with tf.GradientTape() as tape:
+                logits, _ = model(images, self.params, self.buffers, training=True)
+                loss = model.loss(logits, labels)
+            return loss, tape.gradient(loss, [self.params[n] for n in names])
+
+        def replica_step(images, labels):
+            loss, grads = grads_fn(images, labels)
+            for name, grad in zip(names, grads):
+                momentum_update(self.params[name], self.slots[name], grad, lr, momentum)
+            return loss
+
+        def replica_backward(images, labels):
+            return grads_fn(images, labels)[0]
+
+        def replica_forward(images, labels):
+            logits, _ = model(images, self.params, self.buffers, training=True,
+                              update_stats=False)
+            return model.loss(logits, labels)
+
+        def on_worker(fn):
+            @tf.function
+            def scheduled(iterator):
+                images, labels = next(iterator)
+                return self.strategy.run(fn, args=(images, labels))
+            return scheduled
+
+        self._step_fn = on_worker(replica_step)
+        self._backward_fn = on_worker(replica_backward)
+        self._forward_fn = on_worker(replica_forward)
+
+        @tf.function
+        def grads_given(images, labels):
+            return self.strategy.run(grads_fn, args=(images, labels))
+
+        self._grads_given = grads_given
+        dataset = self.strategy.distribute_datasets_from_function(self._dataset_fn)
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset))
+
+    def load_weights(self, weights):
+        for name, variable in {**self.params, **self.buffers}.items():
+            variable.assign(self.model.to_tf(name, weights[name]))
+        for slot in self.slots.values():
+            slot.assign(tf.zeros_like(slot))
+
+    def export_weights(self):
+        return {n: self.model.to_canonical(n, v.numpy())
+                for n, v in {**self.params, **self.buffers}.items()}
+
+    def gradients(self, images, labels):
+        x = tf.constant(self.model.images_to_layout(images))
+        result = self.coordinator.schedule(self._grads_given, args=(x, tf.constant(labels)))
+        loss, grads = result.fetch()
+        return float(loss), {n: self.model.to_canonical(n, np.asarray(g))
+                             for n, g in zip(self.names, grads)}
+
+    def step(self):
+        self._results = [self.coordinator.schedule(self._step_fn, args=(self.iterator,))
+                         for _ in range(self.workers)]
+
+    def _timed(self, fn) -> float:
+        start = time.perf_counter()
+        self.coordinator.schedule(fn, args=(self.iterator,))
+        self.coordinator.join()
+        return time.perf_counter() - start
+
+    def profile_step(self, overlapped: bool):
+        """One worker's step functions, each scheduled alone and joined (so each time holds a
+        dispatch round trip): forward-only, forward+backward, full step (reads from and
+        updates on the servers). Phases are differences: backward = fb - f, comm (+ the
+        update, which runs on the servers) = full - fb; io and h2d happen inside the
+        worker's function and are not separable here (0)."""
+        self.coordinator.join()
+        forward = self._timed(self._forward_fn)
+        both = self._timed(self._backward_fn)
+        full = self._timed(self._step_fn)
+        laps = {"io": 0.0, "h2d": 0.0, "forward": forward}
+        if overlapped:
+            laps.update(backward_comm=max(0.0, full - forward), update=0.0)
+        else:
+            laps.update(backward=max(0.0, both - forward), comm=max(0.0, full - both),
+                        update=0.0)
+        return laps
+
+    def last_loss(self):
+        if not self._results:
+            return float("nan")
+        return float(self._results[-1].fetch())
+
+    def sync(self):
+        self.coordinator.join()
+
+    def versions(self):
+        return tf_versions()
+
+    def describe(self):
+        return {"layout": self.layout, "servers": self.servers, "tf_workers": self.workers,
+                "single_device": False, "asynchronous": True,
+                "strategy": "ParameterServerStrategy+ClusterCoordinator",
+                "profile_note": "phases are differences of one worker's scheduled functions; "
+                                "io/h2d not separable"}

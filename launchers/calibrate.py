@@ -1,0 +1,256 @@
+"""`python -m launchers.calibrate`: fit the communication model's alpha, beta (and gamma).
+
+    python -m launchers.calibrate --frameworks torch,cntk-style,caffe-mpi-style --workers 2
+
+For each framework (and mode) and worker count, starts the framework's real ranks the way
+`launchers.compare` does (its environment, its rendezvous, `python -m adapters.worker` in
+calibration mode) and times the scheme's collective through the framework's own stack
+(`Trainer.collective_times`: torch.distributed all_reduce over gloo/NCCL, MPI Allreduce, ...)
+for message sizes from --min-bytes to --max-bytes (x2 steps, nccl-tests' -b/-e/-f), plus a
+local float32 sum of the same sizes for the reduction cost.  `analysis.calibration` fits
+T(n) = a + b n (least squares on relative residuals) and inverts it to link-level alpha,
+beta, gamma; the fit and every timing go to the campaign's results.sqlite (tables
+``calibration`` and ``calibration_points``), where the performance model finds them.
+
+Output follows nccl-tests: time per size, algbw = bytes / time, busbw = algbw * 2(p-1)/p
+for all-reduce.  Exit codes: 0 every calibration stored, 1 one failed (said in one line; the
+others are stored), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from launchers.envs import reexec_in_host_env
+
+SIZE = re.compile(r"([0-9]+)\s*(|K|M|G|KB|MB|GB|KiB|MiB|GiB|k|kB)", re.IGNORECASE)
+CALIBRATION_MODEL = "alexnet-tiny"  # the trainer needs a network; the smallest that builds fast
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"dlcompare: error: {message}\n")
+
+
+def parse_size(text: str) -> int:
+    """'1K', '64M', '4096', '1MiB' -> bytes (K, M, G are powers of 1024, as in nccl-tests)."""
+    match = SIZE.fullmatch(str(text).strip())
+    if not match:
+        raise ValueError(f"cannot read size {text!r}: give bytes with an optional K, M or G, e.g. 1K or 64M")
+    unit = match.group(2).upper().replace("IB", "").replace("B", "")
+    return int(match.group(1)) * {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}[unit]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="python -m launchers.calibrate",
+        description="Measure all-reduce (or push/pull) time per message size through each framework's own "
+                    "communication stack, fit alpha, beta, gamma, and store them with the campaign.")
+    parser.add_argument("--frameworks", default="torch",
+                        help="comma list of FRAMEWORK[:MODE] (default: %(default)s)")
+    parser.add_argument("--workers", default="2", help="worker processes per node, comma list (default: 2)")
+    parser.add_argument("--nodes", default="1", help="nodes (default: 1; only 1 until a cluster transport exists)")
+    parser.add_argument("--servers", "--ps", default="1",
+                        help="parameter servers for the modes that have them (default: %(default)s)")
+    parser.add_argument("--min-bytes", default="1K", help="smallest message (default: %(default)s)")
+    parser.add_argument("--max-bytes", default="64M", help="largest message (default: %(default)s)")
+    parser.add_argument("--factor", type=int, default=2, help="size step factor (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per size (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default: %(default)s)")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="default: %(default)s")
+    parser.add_argument("--out", default="results/campaign",
+                        help="campaign folder whose results.sqlite gets the calibration (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per calibration run (default: %(default)s)")
+    return parser
+
+
+def settings_from_args(args) -> dict:
+    """Validate everything before anything starts (UsageError with one line)."""
+    from analysis.calibration import default_sizes
+    from launchers import plan as planning
+
+    if args.repeats < 1 or args.warmup < 0:
+        raise planning.UsageError("--repeats must be at least 1 and --warmup not negative")
+    if args.timeout <= 0:
+        raise planning.UsageError("--timeout must be positive")
+    try:
+        low, high = parse_size(args.min_bytes), parse_size(args.max_bytes)
+    except ValueError as error:
+        raise planning.UsageError(str(error)) from None
+    if low < 4 or high < low or args.factor < 2:
+        raise planning.UsageError("need 4 <= --min-bytes <= --max-bytes and --factor >= 2")
+    frameworks = planning.parse_frameworks(args.frameworks)
+    workers = planning.positive_ints(args.workers, "--workers")
+    nodes = planning.positive_ints(args.nodes, "--nodes")
+    servers = planning.positive_ints(args.servers, "--servers")
+    if nodes != [1]:
+        raise planning.UsageError("--nodes above 1 needs a cluster transport, which this version does not have yet")
+    for info, mode in frameworks:
+        if mode not in info.server_modes and min(workers) * min(nodes) < 2:
+            raise planning.UsageError(f"{info.name}:{mode} needs at least 2 workers to time an all-reduce")
+    device = planning.resolve_device(args.device, planning.gpu_count())
+    if device == "gpu" and max(workers) > planning.gpu_count():
+        raise planning.UsageError(f"--workers {max(workers)} needs {max(workers)} GPUs per node")
+    return {"frameworks": frameworks, "workers": workers, "nodes": nodes, "servers": servers[0],
+            "sizes": default_sizes(low, high, args.factor), "repeats": args.repeats, "warmup": args.warmup,
+            "device": device, "out": Path(args.out).resolve(), "timeout": args.timeout}
+
+
+def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, settings: dict):
+    """The RunConfig of one calibration (the worker's calibration mode)."""
+    from adapters.base import RunConfig
+
+    out = settings["out"]
+    servers = servers if mode in info.server_modes else 0
+    run_id = f"calibrate-{info.name}-{mode}-{nodes}x{workers}" + (f"-ps{servers}" if servers else "")
+    run_dir = out / "calibration" / run_id
+    return RunConfig(run_id=run_id, framework=info.name, mode=mode, model=CALIBRATION_MODEL, batch_per_worker=1,
+                     campaign=out.name, device=settings["device"], nodes=nodes, workers_per_node=workers,
+                     servers=servers, warmup=0, iterations=1, repeats=1, profile_iterations=1,
+                     threads_per_worker=max(1, (os.cpu_count() or 1) // workers), rank_dir=str(run_dir),
+                     record_path=str(run_dir / "calibration.json"),
+                     calibrate={"sizes": settings["sizes"], "repeats": settings["repeats"],
+                                "warmup": settings["warmup"]})
+
+
+def fit_result(result: dict, info, mode: str):
+    """The CalibrationFit of one calibration run's result file."""
+    from analysis.calibration import fit_calibration
+
+    scheme = result.get("comm_scheme") or {}
+    servers = int(result.get("servers") or 0)
+    algorithm = scheme.get("algorithm") or ("ps" if servers else "ring")
+    return fit_calibration(
+        {int(k): v for k, v in result["collective"].items()}, framework=info.name, mode=mode,
+        transport=scheme.get("transport") or info.name, collective="pushpull" if algorithm == "ps" else "allreduce",
+        algorithm=algorithm, device_kind=result.get("device", "cpu"), nodes=int(result["nodes"]),
+        workers_per_node=int(result["workers_per_node"]), servers=servers,
+        reduction_points={int(k): v for k, v in (result.get("reduction") or {}).items()} or None)
+
+
+def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False) -> list[str]:
+    """Run, fit and store every calibration of `settings`; returns one line per failure.
+
+    only_missing: skip framework/mode/topologies that already have a calibration stored.
+    """
+    import datetime as dt
+
+    from adapters.registry import framework_info
+    from analysis.calibration import format_points
+    from launchers.envs import REPO_ROOT
+    from launchers.local import run_local
+
+    failures = []
+    stored = {(c["framework"], c["mode"], c["device_kind"], c["nodes"], c["workers_per_node"])
+              for c in store.calibrations()}
+    for info, mode in settings["frameworks"]:
+        for nodes in settings["nodes"]:
+            for workers in settings["workers"]:
+                if nodes * workers < 2 and mode not in info.server_modes:
+                    continue
+                if only_missing and (info.name, mode, settings["device"], nodes, workers) in stored:
+                    continue
+                run = calibration_run(info, mode, nodes, workers, settings["servers"], settings)
+                Path(run.rank_dir).mkdir(parents=True, exist_ok=True)
+                Path(run.record_path).unlink(missing_ok=True)
+                console.print(f"calibrating {info.name}:{mode} on {nodes}x{workers} "
+                              f"({len(settings['sizes'])} sizes x {settings['repeats']} repeats) ...")
+                started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                python = pythons[framework_info(info.name).env]
+                outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"])
+                record = Path(run.record_path)
+                if outcome.status != "ok" or not record.exists():
+                    tail = [line for line in (outcome.error or "no result written").splitlines() if line.strip()]
+                    failures.append(f"{info.name}:{mode} {nodes}x{workers}: {outcome.status}: "
+                                    f"{tail[-1].strip() if tail else ''}")
+                    console.print(f"[red]{failures[-1]}[/red]")
+                    continue
+                result = json.loads(record.read_text())
+                fit = fit_result(result, info, mode)
+                points = {int(k): v for k, v in result["collective"].items()}
+                store.add_calibration(fit, points, {int(k): v for k, v in (result.get("reduction") or {}).items()},
+                                      measured_at=started, env=result.get("env"),
+                                      extra={"comm_scheme": result.get("comm_scheme"),
+                                             "device_name": result.get("device_name"),
+                                             "duration_s": outcome.duration_s})
+                print(format_points(fit, points), flush=True)
+    return failures
+
+
+def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, store, console) -> list[str]:
+    """`compare --calibrate`: calibrate every framework of the campaign at each of its worker
+    counts above one that has no calibration stored yet (default sizes, 10 repeats).
+    Failures are printed and returned; the campaign goes on (its predictions then fall back
+    to the runs' measured communication)."""
+    from analysis.calibration import default_sizes
+
+    settings = {"frameworks": [(info, mode) for info, mode in campaign.frameworks if info.name not in unavailable],
+                "workers": campaign.workers, "nodes": campaign.nodes, "servers": campaign.servers[0],
+                "sizes": default_sizes(), "repeats": 10, "warmup": 2, "device": campaign.device,
+                "out": campaign.out, "timeout": campaign.timeout}
+    return calibrate(settings, pythons, store, console, only_missing=True)
+
+
+def summary_lines(store) -> list[str]:
+    """alpha, beta, gamma per stored transport, one line each."""
+    from analysis.calibration import link_gbps
+
+    lines = [f"{'framework':<18} {'mode':<10} {'transport':<9} {'p':>3} {'algorithm':<10} "
+             f"{'alpha(us)':>9} {'beta(ns/B)':>10} {'link':>15} {'gamma(ns/B)':>11} {'rms err':>7}"]
+    for c in store.calibrations():
+        lines.append(f"{c['framework']:<18} {c['mode']:<10} {c['transport']:<9} {c['world_size']:>3} "
+                     f"{c['algorithm']:<10} {c['alpha_s'] * 1e6:>9.2f} {c['beta_s_per_byte'] * 1e9:>10.4f} "
+                     f"{link_gbps(c['beta_s_per_byte']):>15} {c['gamma_s_per_byte'] * 1e9:>11.4f} "
+                     f"{c['rel_rmse'] * 100:>6.1f}%")
+    return lines
+
+
+def run_cli(args, argv: list[str]) -> int:
+    import shlex
+
+    from rich.console import Console
+
+    from analysis.store import ResultStore, StoreError
+    from launchers import plan as planning
+    from launchers.envs import EnvBuildError, ensure_environment
+
+    console = Console(stderr=True)
+    try:
+        settings = settings_from_args(args)
+        planning.check_out_dir(settings["out"])
+        store = ResultStore.for_campaign(settings["out"])
+        pythons = {}
+        for info, _ in settings["frameworks"]:
+            if info.env not in pythons:
+                pythons[info.env] = str(ensure_environment(info.env, log=console.print).python)
+    except (planning.UsageError, EnvBuildError, StoreError) as error:
+        print(f"dlcompare: error: {error}", file=sys.stderr)
+        return 2
+    with store:
+        store.set_meta("calibration_command", "python -m launchers.calibrate " + shlex.join(argv))
+        try:
+            failures = calibrate(settings, pythons, store, console)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: finished calibrations are stored[/yellow]")
+            return 130
+        print("\n".join(summary_lines(store)))
+    print(f"stored in {settings['out'] / 'results.sqlite'}")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)  # usage errors before any environment is built
+    reexec_in_host_env("launchers.calibrate", argv)
+    return run_cli(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
