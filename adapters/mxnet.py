@@ -272,9 +272,11 @@ class UnbiasedRunningVar:
     use the unbiased one (divided by n - 1). Only the running statistics differ (training
     normalises with the batch's own statistics either way); the one-step check compares them.
     The correction needs no new statistics: from MXNet's new value r1 and the old r0,
-    (1 - m) * var = r1 - m * r0, so the Caffe value is r1 + (r1 - m * r0) / (n - 1). Costs
-    one copy before and three tiny vector ops after each forward per BN layer (ResNet-50: 53
-    layers of at most 2048 values), queued on MXNet's engine like the rest.
+    (1 - m) * var = r1 - m * r0, so the Caffe value is r1 + (r1 - m * r0) / (n - 1). MXNet's
+    BatchNorm updates its running statistics in backward (not in forward as torch does), so
+    r0 is saved before forward and corrected after backward: one copy and three tiny vector
+    ops per BN layer per step (ResNet-50: 53 layers of at most 2048 values), queued on MXNet's
+    engine like the rest.
     `options["mxnet_bn_running_var"] = "biased"` keeps MXNet's own update instead.
     """
 
@@ -518,9 +520,9 @@ class MXNetTrainer(Trainer):
             self.bessel.save([ctx])
         with autograd.record():
             loss = self.loss_fn(self.network(x), y).mean()
+        loss.backward()
         if self.bessel:
             self.bessel.correct([ctx], x.shape[0])
-        loss.backward()
         grads = {name: param.grad(ctx).asnumpy().copy()
                  for name, param in self.network.params_by_name.items()
                  if param.grad_req != "null"}
@@ -540,15 +542,17 @@ class MXNetTrainer(Trainer):
         if self.bessel:
             self.bessel.save(self.contexts)
         with autograd.record():
-            losses = [self.loss_fn(self.network(x), y) for x, y in zip(data, labels)]
-        if self.bessel:
-            self.bessel.correct(self.contexts, data[0].shape[0])
-        return losses
+            return [self.loss_fn(self.network(x), y) for x, y in zip(data, labels)]
+
+    def _backward(self, losses):
+        autograd.backward(losses)
+        if self.bessel:  # MXNet's BatchNorm updates its running statistics in backward
+            self.bessel.correct(self.contexts, losses[0].shape[0])
 
     def step(self):
         data, labels = self._to_devices(next(self.batches))
         losses = self._forward(data, labels)
-        autograd.backward(losses)
+        self._backward(losses)
         self.trainer.step(self.config.global_batch)
         self._losses = losses
 
@@ -574,7 +578,7 @@ class MXNetTrainer(Trainer):
         timer.lap("h2d")
         losses = self._forward(data, labels)
         timer.lap("forward")
-        autograd.backward(losses)
+        self._backward(losses)
         if overlapped:
             self._reduce()  # the engine pushes each gradient as soon as backward made it
             timer.lap("backward_comm")

@@ -32,6 +32,8 @@ from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig
 from adapters.tensorflow import (TensorFlowTrainer, TFModel, choose_layout, configure_threads,
                                  jpeg_dataset, momentum_update, synthetic_pool, tf_versions)
 
+tf.get_logger().setLevel("ERROR")  # TF1 APIs warn of their deprecation on every use
+
 READY_POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 1
 BARRIER_TIMEOUT_SECONDS = 600
@@ -152,7 +154,7 @@ class GraphPSTrainer(TensorFlowTrainer):
             ps_tasks=self.servers, worker_device=worker, cluster=tf.train.ClusterSpec(cluster),
             ps_strategy=strategy)
         self.init_values = {}
-        with tf.device(setter):
+        with tf.compat.v1.device(setter):
             self.global_step = tf.compat.v1.train.get_or_create_global_step()
             self.params, self.buffers = {}, {}
             for names, store, trainable in ((model.param_shapes, self.params, True),
@@ -163,11 +165,11 @@ class GraphPSTrainer(TensorFlowTrainer):
                     store[name] = tf.compat.v1.Variable(holder, trainable=trainable,
                                                         name=name.replace(".", "/"))
         self.names = list(self.params)
-        with tf.device("/job:ps/task:0"):
+        with tf.compat.v1.device("/job:ps/task:0"):
             self.barrier_count = tf.compat.v1.Variable(tf.constant(0, tf.int64), trainable=False,
                                                        name="dlc_barrier")
             self.barrier_add = self.barrier_count.assign_add(1)
-        with tf.device(worker):
+        with tf.compat.v1.device(worker):
             images, labels = self._input()
             self.images = tf.compat.v1.placeholder_with_default(images, images.shape)
             self.labels = tf.compat.v1.placeholder_with_default(labels, labels.shape)
@@ -175,12 +177,12 @@ class GraphPSTrainer(TensorFlowTrainer):
             logits, self.updates = model(self.images, self.params, self.buffers, training=True)
             self.loss = model.loss(logits, self.labels)
             optimizer = tf.compat.v1.train.MomentumOptimizer(config.lr, config.momentum)
-            self.sync = tf.compat.v1.train.SyncReplicasOptimizer(
+            self.sync_optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                 optimizer, replicas_to_aggregate=self.workers, total_num_replicas=self.workers)
-            grads_and_vars = self.sync.compute_gradients(
+            grads_and_vars = self.sync_optimizer.compute_gradients(
                 self.loss, var_list=[self.params[n] for n in self.names])
             self.grads = [g for g, _ in grads_and_vars]
-            self.train_op = self.sync.apply_gradients(grads_and_vars, global_step=self.global_step)
+            self.train_op = self.sync_optimizer.apply_gradients(grads_and_vars, global_step=self.global_step)
             # Profile pieces: a worker-local copy of the weights, pulled explicitly, so
             # forward and backward can be timed without communication.
             self.local = {n: tf.compat.v1.Variable(tf.zeros(model.param_shapes[n]),
@@ -194,7 +196,7 @@ class GraphPSTrainer(TensorFlowTrainer):
                                                      training=True)
             self.local_loss = model.loss(local_logits, self.labels)
             self.local_grads = tf.gradients(self.local_loss, [self.local[n] for n in self.names])
-        self.hook = self.sync.make_session_run_hook(self.is_chief, num_tokens=0)
+        self.hook = self.sync_optimizer.make_session_run_hook(self.is_chief, num_tokens=0)
         self.hook.begin()
         self.saver = tf.compat.v1.train.Saver([self.global_step])  # Scaffold insists on one
 

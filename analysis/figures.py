@@ -11,6 +11,7 @@ colour in every figure.
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -28,7 +29,8 @@ from analysis import tables  # noqa: E402
 DPI = 120
 PANEL_SIZE = (6.4, 4.4)
 FACET_KEYS = ["model", "device", "batch_per_worker"]
-FIGURE_NAMES = ("throughput", "phases", "scaling", "iteration_spread", "prediction")
+FIGURE_NAMES = ("throughput", "phases", "scaling", "iteration_spread", "prediction", "timeline")
+TIMELINE_PANELS = 4
 
 
 # --------------------------------------------------------------------------- helpers
@@ -227,6 +229,7 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     fig, axes = _figure(len(panels))
     for ax, (title, rows) in zip(axes, panels):
         top = float(max(rows["predicted"].max(), rows["measured"].max())) * 1.1
+        ax.fill_between([0, top], [0, top * 0.85], [0, top * 1.15], color="grey", alpha=0.12, label="±15 %")
         ax.plot([0, top], [0, top], linestyle="--", color="grey", linewidth=1.2, label="exact")
         for name, points in rows.groupby("series", sort=True):
             ax.scatter(points["measured"], points["predicted"], color=colors[name], s=50, label=name)
@@ -240,12 +243,90 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     return _save(fig, out_dir, "prediction", "Performance model: predicted vs measured")
 
 
+def _json_list(value) -> list:
+    if isinstance(value, list):
+        return value
+    if tables._missing(value) or not str(value).strip():
+        return []
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return []
+    return decoded if isinstance(decoded, list) else []
+
+
+def timeline_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The runs the overlap timeline shows: successful multi-worker runs with a predicted
+    schedule, of the model with most such runs, at its largest world size, one per series
+    (framework and mode), at most `TIMELINE_PANELS`."""
+    ok = tables.ok_runs(tables.prepare(frame))
+    column = "extra_prediction_timeline_transfers"
+    if ok.empty or column not in ok.columns:
+        return ok.iloc[0:0]
+    world = pd.to_numeric(ok["world_size"], errors="coerce")
+    has_schedule = pd.Series([bool(_json_list(v)) for v in ok[column]], index=ok.index)
+    ok = ok[(world > 1) & has_schedule]
+    if ok.empty:
+        return ok
+    model = ok["model"].value_counts().index[0]
+    ok = ok[ok["model"] == model]
+    ok = ok[pd.to_numeric(ok["world_size"], errors="coerce") == pd.to_numeric(ok["world_size"], errors="coerce").max()]
+    ok = _with_series(ok).sort_values(["series", "started_at"] if "started_at" in ok.columns else ["series"])
+    return ok.groupby("series", sort=True).head(1).head(TIMELINE_PANELS)
+
+
+def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """One predicted iteration per scheme: forward, backward layer by layer and, beneath it,
+    the gradient transfers as the model schedules them (WFBP: a transfer starts when its
+    gradient is final and the previous one has ended), then the update; the dashed line is
+    the measured iteration time."""
+    runs = timeline_runs(frame)
+    if runs.empty:
+        return None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.3 * len(runs) + 0.6), squeeze=False)
+    layer_colors = sns.color_palette("Blues", 6)[2:]
+    transfer_colors = sns.color_palette("Oranges", 6)[2:]
+    for ax, (_, run) in zip(axes[:, 0], runs.iterrows()):
+        layers = _json_list(run.get("extra_prediction_timeline_layers"))
+        transfers = _json_list(run.get("extra_prediction_timeline_transfers"))
+        start = float(run.get("extra_prediction_timeline_backward_start") or 0.0) * 1e3
+        end = float(run.get("extra_prediction_timeline_iteration_end") or 0.0) * 1e3
+        update = float(run.get("phase_update_pred_s") or 0.0) * 1e3
+        ax.broken_barh([(0, start)], (2.1, 0.8), facecolors="#b8b8b8")
+        ax.text(start / 2, 2.5, "I/O + forward", ha="center", va="center", fontsize=8)
+        longest = sorted(layers, key=lambda item: item[2] - item[1], reverse=True)[:4]
+        for k, (name, t0, t1) in enumerate(layers):
+            ax.broken_barh([(t0 * 1e3, (t1 - t0) * 1e3)], (2.1, 0.8), facecolors=layer_colors[k % len(layer_colors)])
+            if [name, t0, t1] in longest and (t1 - t0) * 1e3 > 0.04 * max(end, 1e-9):
+                ax.text((t0 + t1) / 2 * 1e3, 2.5, str(name), ha="center", va="center", fontsize=7)
+        for k, (t0, t1, nbytes, label) in enumerate(transfers):
+            ax.broken_barh([(t0 * 1e3, max((t1 - t0) * 1e3, end * 0.002))], (1.1, 0.8),
+                           facecolors=transfer_colors[k % len(transfer_colors)])
+        if update > 0:
+            ax.broken_barh([(end - update, update)], (2.1, 0.8), facecolors="#6a9955")
+        measured = run.get("iter_time_median")
+        if not tables._missing(measured):
+            ax.axvline(float(measured) * 1e3, color="black", linestyle="--", linewidth=1.2)
+            ax.text(float(measured) * 1e3, 3.05, " measured", fontsize=8, va="bottom")
+        ax.set_yticks([1.5, 2.5], ["transfers", "compute"])
+        ax.set_ylim(0.9, 3.4)
+        ax.set_xlim(0, max(end, float(measured or 0) * 1e3) * 1.03)
+        scheme = run.get("extra_prediction_scheme_name") or ""
+        ax.set_title(f"{run['series']} — {run['model']}, {_workers(run['world_size'])} workers: {scheme} "
+                     f"({len(transfers)} transfers, {100 * float(run.get('extra_prediction_hidden_fraction') or 0):.0f}% "
+                     "hidden)", fontsize=10, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("milliseconds from the start of the iteration (predicted)")
+    return _save(fig, out_dir, "timeline", "Overlap timeline of one iteration: backward per layer, transfers beneath")
+
+
 FIGURES = {
     "throughput": throughput_bars,
     "phases": phase_bars,
     "scaling": scaling_curves,
     "iteration_spread": iteration_spread,
     "prediction": prediction_scatter,
+    "timeline": overlap_timeline,
 }
 
 

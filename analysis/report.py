@@ -1,7 +1,9 @@
 """The campaign's HTML report: one self-contained page, readable offline and archivable.
 
-``build_report(out_dir)`` reads ``out_dir/results.sqlite``, (re)writes the tables under
-``tables/`` and the figures under ``figures/``, and writes ``report.html`` with the figures
+``build_report(out_dir)`` reads ``out_dir/results.sqlite``, refreshes the performance model's
+prediction of every stored run with the campaign's current calibration (written back to the
+store), (re)writes the tables under ``tables/`` (the study's also as LaTeX) and the figures
+under ``figures/``, and writes ``report.html`` with the figures
 embedded as base64 PNG, the tables as HTML, the environment the runs saw, the failures with
 their error tails, and how to read it all.  The page loads nothing from elsewhere (no CDN,
 no script), so it renders the same on an air-gapped cluster and in a browser test.
@@ -26,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures, tables
+from analysis.predict import refresh_predictions
 from analysis.store import ResultStore, StoreError
 
 REPORT_FILENAME = "report.html"
@@ -46,9 +49,33 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
     "iteration_spread": ("Median iteration time with its 10th–90th percentile range.",
                          "Dot plot of median iteration time with error bars from the 10th to the 90th "
                          "percentile, per framework and number of workers."),
-    "prediction": ("Iteration time predicted by the performance model against the measured one.",
+    "prediction": ("Iteration time predicted by the performance model against the measured one; the shaded "
+                   "band is ±15 %.",
                    "Scatter plot of predicted versus measured iteration time with a dashed diagonal."),
+    "timeline": ("One iteration as the model schedules it, per scheme: forward, backward layer by layer (blue) "
+                 "and the gradient transfers beneath it (orange), then the update (green); the dashed line is "
+                 "the measured iteration time.",
+                 "Gantt chart per framework: a compute row with forward and per-layer backward bars, and a "
+                 "transfers row below with the gradient messages scheduled during or after backward."),
 }
+
+MODEL_TEXT = """
+<p>The model of one synchronous SGD iteration (Shi, Wang, Chu, DataCom 2018), in
+<code>analysis/perfmodel.py</code>: one worker takes t = t<sub>io</sub>′ + t<sub>h2d</sub> +
+t<sub>f</sub> + t<sub>b</sub> + t<sub>u</sub> (I/O hidden behind the rest when a prefetching
+reader is faster); synchronous workers add the communication t<sub>c</sub> of the whole gradient
+when it runs after backward; with layer-wise overlap (wait-free backprop) message i starts at
+s<sub>i</sub> = max(r<sub>i</sub>, e<sub>i−1</sub>), once its gradient is final and the previous
+transfer has ended, and only the communication that outlasts backward is exposed. A message of
+n bytes costs α–β–γ: ring all-reduce 2(p−1)α + 2(p−1)/p·nβ + (p−1)/p·nγ, with α, β, γ fitted per
+transport by <code>python -m launchers.calibrate</code>.</p>
+<p>Each run is predicted from its own profile's compute phases and per-layer backward times
+(hooks where the framework allows, else backward split by FLOPs) with the communication
+modelled; the error is against the measured (throughput-mode) median. Runs without a stored
+calibration use their own measured communication phase spread over the bytes (basis
+“measured comm”). “from 1 worker” is the prediction from the one-worker profile, what
+<code>python -m analysis.predict</code> answers for topologies not measured.</p>
+"""
 
 HOW_TO_READ = """
 <p>Every configuration ran untimed warm-up iterations, then timed repeats. <strong>Iteration
@@ -410,20 +437,63 @@ def environment_section(frame: pd.DataFrame, meta: dict) -> str:
     return "\n".join(parts)
 
 
+def model_section(built: dict[str, pd.DataFrame], made: dict[str, Path]) -> str:
+    """The performance model: figures, error per scheme, per configuration, calibration."""
+    parts = ['<section id="model"><h2>Performance model: predicted against measured</h2>', MODEL_TEXT]
+    drawn = [figure_html(f, made[f]) for f in ("prediction", "timeline") if f in made]
+    if drawn:
+        parts.append('<div class="figures">' + "\n".join(drawn) + "</div>")
+    for name in ("prediction_summary", "prediction", "calibration"):
+        parts += [f"<h3>{esc(tables.TABLE_TITLES[name])}</h3>",
+                  f'<p class="note">{esc(tables.TABLE_DESCRIPTIONS[name])}</p>', html_table(built[name]),
+                  f'<p class="links">Files: <a href="tables/{name}.csv">{name}.csv</a> · '
+                  f'<a href="tables/{name}.md">{name}.md</a></p>']
+    if built["calibration"].empty:
+        parts.append('<p class="note">No calibration stored: run <code>python -m launchers.calibrate --out '
+                     'DIR</code> (or <code>compare --calibrate</code>) for calibrated predictions.</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def study_section(frame: pd.DataFrame) -> str:
+    """The study's tables: single-worker throughput and phases; per model, frameworks against
+    1, 2, 4 workers and 2, 4 nodes with iteration time, speedup, efficiency."""
+    parts = ['<section id="study"><h2>The study\'s tables</h2>',
+             '<p class="note">As in Shi, Wang, Chu (2018): per model, frameworks as rows and the topologies as '
+             'columns, each with iteration time (ms), speedup S and efficiency E (weak scaling); '
+             'a dash where a topology was not measured. Also as Markdown, CSV and LaTeX.</p>',
+             "<h3>Single worker: throughput and phases</h3>"]
+    single = tables.study_single_table(frame)
+    parts.append(html_table(single, raw_headers=True))
+    parts.append('<p class="links">Files: <a href="tables/study_single.csv">csv</a> · '
+                 '<a href="tables/study_single.md">md</a> · <a href="tables/study_single.tex">tex</a></p>')
+    for model, table in tables.study_scaling_tables(frame).items():
+        flat = tables.flatten_columns(table)
+        name = f"study_scaling_{model}"
+        parts += [f"<h3>{esc(model)}</h3>", html_table(flat, raw_headers=True),
+                  f'<p class="links">Files: <a href="tables/{name}.csv">csv</a> · <a href="tables/{name}.md">md</a>'
+                  f' · <a href="tables/{name}.tex">tex</a></p>']
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str, pd.DataFrame],
                 made: dict[str, Path]) -> str:
     """The whole page as a string."""
     sections = [
         f'<section id="how-to-read"><h2>How to read this</h2>{HOW_TO_READ}</section>',
         table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], made),
-        table_section("phases", built["phases"], ["phases", "prediction"], made),
+        table_section("phases", built["phases"], ["phases"], made),
         table_section("scaling", built["scaling"], ["scaling"], made),
+        model_section(built, made),
+        study_section(frame),
         failures_section(frame, built["failures"]),
         environment_section(frame, meta),
     ]
     nav = " ".join(f'<a href="#{anchor}">{esc(text)}</a>' for anchor, text in (
         ("how-to-read", "How to read this"), ("throughput", "Throughput"), ("phases", "Phases"),
-        ("scaling", "Scaling"), ("failures", "Failures"), ("environment", "Environment")))
+        ("scaling", "Scaling"), ("model", "Model"), ("study", "Study tables"), ("failures", "Failures"),
+        ("environment", "Environment")))
     campaign = meta.get("campaign") or out_dir.resolve().name
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
@@ -451,10 +521,15 @@ def build_report(out_dir: str | Path) -> Path:
     """
     out_dir = Path(out_dir)
     with ResultStore.for_campaign(out_dir, create=False) as store:
+        try:  # predictions with the campaign's current calibration (stored for every run)
+            refresh_predictions(store)
+        except StoreError:
+            pass  # a read-only store keeps the predictions it has
         frame = store.runs_frame()
         meta = store.meta()
-    tables.write_tables(frame, out_dir)
-    built = tables.build_tables(frame)
+        calibrations = store.calibration_frame()
+    built = tables.build_tables(frame, calibrations)
+    tables.write_tables(frame, out_dir, built=built)
     made = figures.make_figures(frame, out_dir)
     _drop_stale_figures(out_dir, made)
     path = out_dir / REPORT_FILENAME

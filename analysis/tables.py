@@ -32,12 +32,16 @@ from analysis.record import PHASES
 CONFIG_KEYS: list[str] = ["model", "device", "framework", "framework_label", "mode",
                           "batch_per_worker", "nodes", "world_size"]
 
-TABLE_NAMES: tuple[str, ...] = ("throughput", "phases", "scaling", "failures")
+TABLE_NAMES: tuple[str, ...] = ("throughput", "phases", "scaling", "prediction", "prediction_summary",
+                                "calibration", "failures")
 
 TABLE_TITLES: dict[str, str] = {
     "throughput": "Throughput",
     "phases": "Phase breakdown (profile mode)",
     "scaling": "Scaling: speedup and efficiency",
+    "prediction": "Performance model: predicted against measured",
+    "prediction_summary": "Performance model: error per scheme",
+    "calibration": "Calibration of the communication model",
     "failures": "Failed runs",
 }
 
@@ -50,6 +54,19 @@ TABLE_DESCRIPTIONS: dict[str, str] = {
     "scaling": "Weak scaling: speedup S(N) = N * t_iter(1) / t_iter(N) against the same "
                "framework's one-worker run with the same per-worker batch; efficiency E = S / N. "
                "NaN where no one-worker baseline was measured.",
+    "prediction": "Per configuration: measured iteration time (throughput mode, median) and the model's "
+                  "prediction, error = (predicted - measured) / measured; the communication phase measured "
+                  "after backward and predicted; the predicted communication left exposed after backward; the "
+                  "measured and predicted share of communication hidden behind backward; the basis (calibrated "
+                  "alpha-beta, or the run's own measured communication when no calibration is stored) and the "
+                  "source of the per-layer backward times (hooks, or the backward split by FLOPs); and the "
+                  "prediction from the one-worker profile instead of the run's own.",
+    "prediction_summary": "Median and largest |error| of the model per framework and mode, over all runs and over "
+                          "the runs with more than one worker (where the aggregation scheme matters).",
+    "calibration": "alpha (seconds per message), beta (seconds per byte, also as a link speed) and gamma (seconds "
+                   "per byte summed) per transport, from T(n) = a + b n fitted to the collective's time for 1 KB .. "
+                   "64 MB messages (python -m launchers.calibrate) and inverted with the algorithm's "
+                   "coefficients (ring: a = 2(p-1) alpha, b = 2(p-1)/p beta + (p-1)/p gamma).",
     "failures": "Runs that failed or timed out, with the last line of the error.",
 }
 
@@ -294,10 +311,13 @@ def failures_table(frame: pd.DataFrame) -> pd.DataFrame:
     return failed[FAILURE_COLUMNS].reset_index(drop=True)
 
 
-def build_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """All tables of the report, by name (see `TABLE_NAMES`)."""
+def build_tables(frame: pd.DataFrame, calibrations: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """All tables of the report, by name (see `TABLE_NAMES`); `calibrations` is the store's
+    `calibration_frame()`."""
     return {"throughput": throughput_table(frame), "phases": phase_table(frame),
-            "scaling": scaling_table(frame), "failures": failures_table(frame)}
+            "scaling": scaling_table(frame), "prediction": prediction_table(frame),
+            "prediction_summary": prediction_summary(frame), "calibration": calibration_table(calibrations),
+            "failures": failures_table(frame)}
 
 
 # --------------------------------------------------------------------------- formatting
@@ -306,11 +326,13 @@ def float_format(column: str) -> str:
     """A readable format per kind of column (ms with 2 decimals, seconds with 4, ...)."""
     if column.endswith("_pct") or column.startswith("images_per_s"):
         return ".1f"
+    if column.endswith(("_us", "_ns_per_byte", "_gbit_s")):
+        return ".4g"
     if "_ms" in column:
         return ".2f"
     if column.endswith("_s"):
         return ".4f"
-    if column in ("speedup", "efficiency", "overlap", "prediction_error"):
+    if column in ("speedup", "efficiency", "overlap", "prediction_error", "hidden_pred"):
         return ".3f"
     return "g"
 
@@ -329,17 +351,20 @@ def to_markdown(table: pd.DataFrame) -> str:
     return display_frame(table).to_markdown(index=False, floatfmt=formats, missingval="—") + "\n"
 
 
-def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> dict[str, TablePaths]:
-    """Write every table as ``tables/<name>.md`` and ``tables/<name>.csv`` under `out_dir`.
+def write_tables(frame: pd.DataFrame, out_dir: str | Path, calibrations: pd.DataFrame | None = None,
+                 built: dict[str, pd.DataFrame] | None = None) -> dict[str, TablePaths]:
+    """Write every table as ``tables/<name>.md`` and ``tables/<name>.csv`` under `out_dir`,
+    and the study's tables (`write_study_tables`) also as LaTeX.
 
     Markdown is for reading (rounded, with a title and what the table means); CSV keeps full
     precision for further analysis.  Empty tables are written too, so that a campaign's
-    folder always has the same files.
+    folder always has the same files.  `built`: tables already computed by `build_tables`.
     """
     folder = Path(out_dir) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for name, table in build_tables(frame).items():
+    write_study_tables(frame, out_dir)
+    for name, table in (built or build_tables(frame, calibrations)).items():
         md = folder / f"{name}.md"
         csv = folder / f"{name}.csv"
         md.write_text(f"# {TABLE_TITLES[name]}\n\n{TABLE_DESCRIPTIONS[name]}\n\n{to_markdown(table)}",

@@ -89,3 +89,39 @@ def test_jpeg_files_through_dataloader_workers(tmp_path, torch_python):
         (data, status, loss_first), = db.execute("SELECT data, status, loss_first FROM runs")
     assert (data, status) == ("files", "ok") and loss_first > 0
     assert worker_processes(str(out)) == []
+
+
+@pytest.mark.slow
+def test_interrupted_campaign_resumes_without_redoing_or_losing_runs(tmp_path, torch_python):
+    """Ctrl-C after the first run is stored: exit 130, that run kept, no rank left; the same
+    command again runs only the missing run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    out = tmp_path / "interrupted"
+    args = [sys.executable, "-m", "launchers.compare", "--frameworks", "torch", "--model",
+            "alexnet-tiny", "--workers", "1,2", "--out", str(out), "--iterations", "20",
+            "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
+    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    campaign = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if (out / "results.sqlite").exists() and len(stored_runs(out)) == 1:
+            break
+        assert campaign.poll() is None, campaign.communicate()[1][-3000:]
+        time.sleep(0.2)
+    time.sleep(2)  # the second run's ranks are starting or running now
+    campaign.send_signal(signal.SIGINT)
+    _, stderr = campaign.communicate(timeout=120)
+    assert campaign.returncode == 130, stderr[-3000:]
+    assert [world for _, _, world, _ in stored_runs(out)] == [1]
+    assert worker_processes(str(out)) == []
+    again = run_cli(*args[2:], timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 already stored" in again.stderr
+    assert sorted(world for _, _, world, _ in stored_runs(out)) == [1, 2]

@@ -1,0 +1,158 @@
+"""Calibration: fitting alpha, beta (gamma) from timings, nccl-tests' bandwidths, the store's
+calibration tables, and the calibrate CLI's input checks (a real calibration is in
+tests/test_predict.py's loopback campaign)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from analysis import calibration as cal
+from analysis import perfmodel as pm
+from analysis.store import ResultStore
+from tests.conftest import run_cli
+
+SIZES = cal.default_sizes()  # 1 KB .. 64 MB, x2
+
+
+def synthetic_points(truth: pm.LinkCost, p: int, rng: random.Random, sigma: float = 0.08,
+                     repeats: int = 10, outliers: float = 0.05) -> dict[int, list[float]]:
+    """Ring all-reduce times of `truth` with multiplicative log-normal noise (sigma), and a
+    share of samples a busy machine made 3-10 times slower."""
+    points = {}
+    for n in SIZES:
+        t = pm.ring_allreduce(n, p, truth)
+        samples = []
+        for _ in range(repeats):
+            value = t * math.exp(rng.gauss(0.0, sigma))
+            if rng.random() < outliers:
+                value *= rng.uniform(3, 10)
+            samples.append(value)
+        points[n] = samples
+    return points
+
+
+def reduction_points(gamma: float, rng: random.Random, sigma: float = 0.08) -> dict[int, list[float]]:
+    return {n: [(2e-6 + gamma * n) * math.exp(rng.gauss(0.0, sigma)) for _ in range(10)] for n in SIZES}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("p", [2, 4])
+def test_fit_recovers_alpha_and_beta_within_5_percent_from_noisy_timings(seed, p):
+    rng = random.Random(seed)
+    truth = pm.LinkCost(alpha=25e-6, beta=0.4e-9, gamma=0.1e-9)  # 25 us, 20 Gbit/s
+    fit = cal.fit_calibration(synthetic_points(truth, p, rng), framework="x", mode="m", transport="t",
+                              collective="allreduce", algorithm="ring", device_kind="cpu", nodes=1,
+                              workers_per_node=p, reduction_points=reduction_points(truth.gamma, rng))
+    assert fit.alpha_s == pytest.approx(truth.alpha, rel=0.05)
+    assert fit.beta_s_per_byte == pytest.approx(truth.beta, rel=0.05)
+    assert fit.gamma_s_per_byte == pytest.approx(truth.gamma, rel=0.05)
+    assert fit.world_size == p and fit.n_sizes == len(SIZES) and fit.repeats == 10
+
+
+def test_fit_without_reduction_timings_folds_gamma_into_beta():
+    truth = pm.LinkCost(alpha=5e-6, beta=1e-9, gamma=0.2e-9)
+    points = {n: [pm.ring_allreduce(n, 2, truth)] for n in SIZES}
+    fit = cal.fit_calibration(points, framework="x", mode="m", transport="t", collective="allreduce",
+                              algorithm="ring", device_kind="cpu", nodes=1, workers_per_node=2)
+    assert fit.gamma_s_per_byte == 0.0
+    # T = 2 alpha + n (beta + gamma / 2): beta absorbs the reduction
+    assert fit.beta_s_per_byte == pytest.approx(1.1e-9) and fit.alpha_s == pytest.approx(5e-6)
+    assert fit.rel_rmse == pytest.approx(0.0, abs=1e-9)
+    assert fit.predicted(2 ** 20) == pytest.approx(pm.ring_allreduce(2 ** 20, 2, truth))
+
+
+def test_fit_linear_exact_and_degenerate():
+    a, b, rms = cal.fit_linear([1, 2, 4, 8], [3 + 2 * n for n in [1, 2, 4, 8]])
+    assert (a, b) == (pytest.approx(3.0), pytest.approx(2.0)) and rms == pytest.approx(0.0, abs=1e-12)
+    # decreasing times would need a negative slope: constant fit instead
+    a, b, _ = cal.fit_linear([1, 2, 4], [5.0, 4.0, 3.0])
+    assert b == 0.0 and a > 0
+    with pytest.raises(ValueError):
+        cal.fit_linear([1], [1.0])
+    with pytest.raises(ValueError):
+        cal.fit_linear([2, 2], [1.0, 1.1])
+
+
+def test_nccl_tests_bandwidth_conventions():
+    # 1 GB all-reduced in 1 s by 8 ranks: algbw 1 GB/s, busbw 2 * 7/8 = 1.75 GB/s
+    assert cal.algbw(1e9, 1.0) == 1e9
+    assert cal.busbw(1e9, 1.0, "allreduce", 8) == pytest.approx(1.75e9)
+    assert cal.busbw(1e9, 1.0, "allgather", 8) == pytest.approx(0.875e9)
+    assert cal.busbw(1e9, 1.0, "broadcast", 8) == pytest.approx(1e9)
+    with pytest.raises(ValueError):
+        cal.busbw(1, 1, "gossip", 2)
+
+
+def test_default_sizes_follow_nccl_tests_steps():
+    assert SIZES[0] == 1024 and SIZES[-1] == 64 * 2 ** 20 and len(SIZES) == 17
+    assert cal.default_sizes(1024, 4096, 4) == [1024, 4096]
+
+
+def fit_row(framework, transport, world, nodes=1, device="cpu", alpha=1e-5):
+    return cal.CalibrationFit(framework, "m", transport, "allreduce", "ring", device, nodes, world // nodes,
+                              world, 0, 2 * alpha, 1e-9, 0.01, alpha, 1e-9, 0.0, 17, 10)
+
+
+def test_lookup_prefers_same_framework_and_topology():
+    fits = [fit_row("torch", "gloo", 4), fit_row("cntk-style", "gloo", 2), fit_row("torch", "gloo", 2, device="gpu"),
+            fit_row("caffe", "mpi", 2)]
+    found, how = cal.lookup(fits, framework="torch", transport="gloo", world_size=2, nodes=1, device_kind="cpu")
+    assert (found.framework, how) == ("cntk-style", "calibrated (same transport)")
+    found, how = cal.lookup(fits, framework="torch", transport="gloo", world_size=4, nodes=1, device_kind="cpu")
+    assert (found.framework, found.world_size, how) == ("torch", 4, "calibrated")
+    found, how = cal.lookup(fits, framework="torch", transport=None, world_size=8, nodes=1, device_kind="cpu")
+    assert (found.world_size, how) == (4, "calibrated (other world size)")
+    assert cal.lookup(fits, framework="tf", transport="grpc", world_size=2, nodes=1, device_kind="cpu") is None
+
+
+def test_store_keeps_calibrations_and_replaces_the_same_key(tmp_path):
+    rng = random.Random(0)
+    truth = pm.LinkCost(alpha=25e-6, beta=0.4e-9)
+    points = synthetic_points(truth, 2, rng, outliers=0.0)
+    fit = cal.fit_calibration(points, framework="torch", mode="ddp", transport="gloo", collective="allreduce",
+                              algorithm="ring", device_kind="cpu", nodes=1, workers_per_node=2)
+    with ResultStore.for_campaign(tmp_path) as store:
+        first = store.add_calibration(fit, points, reduction_points(1e-10, rng), measured_at="t0")
+        second = store.add_calibration(fit, points, None, measured_at="t1")
+        rows = store.calibrations()
+        assert len(rows) == 1 and rows[0]["calibration_id"] == second != first and rows[0]["measured_at"] == "t1"
+        assert store.calibration_fits() == [fit]
+        stored = store.calibration_points(second)
+        assert [p["bytes"] for p in stored] == SIZES and {p["kind"] for p in stored} == {"collective"}
+        assert stored[0]["values"] == points[SIZES[0]] and stored[0]["repeats"] == 10
+        frame = store.calibration_frame()
+        assert list(frame["framework"]) == ["torch"] and frame["alpha_s"].iloc[0] == pytest.approx(fit.alpha_s)
+    # reopening read-only sees it
+    with ResultStore.for_campaign(tmp_path, create=False) as store:
+        assert len(store.calibration_fits()) == 1
+
+
+def test_format_points_uses_nccl_tests_columns():
+    points = {1024: [1e-5], 2 ** 20: [1e-3]}
+    fit = cal.fit_calibration(points, framework="torch", mode="ddp", transport="gloo", collective="allreduce",
+                              algorithm="ring", device_kind="cpu", nodes=1, workers_per_node=2)
+    text = cal.format_points(fit, points)
+    assert "algbw(GB/s)" in text and "busbw(GB/s)" in text and "alpha" in text
+    line = next(line for line in text.splitlines() if line.strip().startswith("1M"))
+    # 1 MiB in 1 ms: algbw 1.049 GB/s; busbw with p = 2 is the same (2(p-1)/p = 1)
+    assert "1.049" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--workers", "1"], "at least 2 workers"),
+    (["--frameworks", "nope"], "unknown framework"),
+    (["--min-bytes", "1X"], "cannot read size"),
+    (["--min-bytes", "64M", "--max-bytes", "1K"], "--min-bytes"),
+    (["--repeats", "0"], "--repeats"),
+    (["--nodes", "2"], "cluster transport"),
+    (["--workers", "two"], "whole numbers"),
+])
+def test_calibrate_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    result = run_cli("launchers.calibrate", "--out", str(tmp_path / "c"), *args, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "c" / "results.sqlite").exists()

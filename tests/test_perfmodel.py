@@ -1,0 +1,293 @@
+"""The performance model's equations against hand-computed cases, and its limits."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from analysis import perfmodel as pm
+
+US, MS = 1e-6, 1e-3
+# alpha = 10 us, beta = 1 ns/B (8 Gbit/s), gamma = 0.5 ns/B; n = 1 MB (10^6 B), p = 4
+COST = pm.LinkCost(alpha=10 * US, beta=1e-9, gamma=0.5e-9)
+N = 1_000_000
+
+
+def approx(value):
+    return pytest.approx(value, rel=1e-12, abs=1e-15)
+
+
+# --------------------------------------------------------------------------- communication
+
+def test_point_to_point():
+    assert pm.point_to_point(N, COST) == approx(10 * US + 1 * MS)
+    assert pm.point_to_point(0, COST) == 0.0
+
+
+def test_ring_allreduce_by_hand():
+    # 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma = 60 us + 1.5 ms + 0.375 ms
+    assert pm.ring_allreduce(N, 4, COST) == approx(60 * US + 1.5 * MS + 0.375 * MS)
+    # p = 2: 2 alpha + n beta + n gamma / 2
+    assert pm.ring_allreduce(N, 2, COST) == approx(20 * US + 1 * MS + 0.25 * MS)
+    assert pm.ring_allreduce(N, 1, COST) == 0.0 and pm.ring_allreduce(0, 4, COST) == 0.0
+
+
+def test_tree_and_recursive_doubling_by_hand():
+    # binomial tree, p = 4: log2 p = 2 levels up and down: 2*2*(10 us + 1 ms) + 2 * 0.5 ms
+    assert pm.tree_allreduce(N, 4, COST) == approx(4 * (10 * US + 1 * MS) + 1 * MS)
+    # p = 3 needs ceil(log2 3) = 2 levels as well
+    assert pm.tree_allreduce(N, 3, COST) == approx(pm.tree_allreduce(N, 4, COST))
+    # recursive doubling, p = 4: 2 * (10 us + 1 ms + 0.5 ms)
+    assert pm.recursive_doubling_allreduce(N, 4, COST) == approx(2 * (10 * US + 1.5 * MS))
+    # Rabenseifner, p = 4: 2*2*10 us + 1.5 ms + 0.375 ms
+    assert pm.halving_doubling_allreduce(N, 4, COST) == approx(40 * US + 1.875 * MS)
+
+
+def test_parameter_server_by_hand():
+    # p = 4 workers, S = 2 servers: each server link carries 4 * n/2 = 2n bytes each way
+    # 2 alpha + 2 * 2 * n beta + (p-1)/S n gamma = 20 us + 4 ms + 0.75 ms
+    assert pm.ps_pushpull(N, 4, 2, COST) == approx(20 * US + 4 * MS + 0.75 * MS)
+    # S = 8 > p: the worker's own link (n each way) bounds it: 20 us + 2 ms + 3/8 * 0.5 ms
+    assert pm.ps_pushpull(N, 4, 8, COST) == approx(20 * US + 2 * MS + 0.1875 * MS)
+    # one worker still pays the round trip to its server
+    assert pm.ps_pushpull(N, 1, 1, COST) == approx(20 * US + 2 * MS)
+    # more servers share the load: never slower
+    assert pm.ps_pushpull(N, 16, 4, COST) < pm.ps_pushpull(N, 16, 1, COST)
+    with pytest.raises(ValueError):
+        pm.ps_pushpull(N, 4, 0, COST)
+
+
+@pytest.mark.parametrize("algorithm,function", [
+    ("ring", pm.ring_allreduce), ("tree", pm.tree_allreduce),
+    ("recursive_doubling", pm.recursive_doubling_allreduce), ("halving_doubling", pm.halving_doubling_allreduce)])
+def test_coefficients_agree_with_the_explicit_formulas(algorithm, function):
+    for p in (1, 2, 3, 4, 7, 8, 16, 64):
+        for n in (4, 1000, 10 ** 7):
+            assert pm.collective_time(algorithm, n, p, COST) == pytest.approx(function(n, p, COST), rel=1e-12)
+            assert pm.comm_time_function(algorithm, p, COST)(n) == pytest.approx(function(n, p, COST), rel=1e-12)
+
+
+def test_ps_coefficients_agree():
+    for p in (1, 2, 5, 16):
+        for servers in (1, 2, 4, 32):
+            assert pm.collective_time("ps", N, p, COST, servers) == pytest.approx(pm.ps_pushpull(N, p, servers, COST))
+
+
+def test_invert_fit_recovers_link_parameters():
+    """T(n) = a + b n of a ring on p workers, inverted: alpha = a / 2(p-1),
+    beta = (b - (p-1)/p gamma) / (2(p-1)/p)."""
+    for p in (2, 4, 8):
+        k_a, k_b, k_g = pm.coefficients("ring", p)
+        a, b = k_a * COST.alpha, k_b * COST.beta + k_g * COST.gamma
+        link = pm.invert_fit(a, b, "ring", p, gamma=COST.gamma)
+        assert link.alpha == pytest.approx(COST.alpha) and link.beta == pytest.approx(COST.beta)
+    with pytest.raises(ValueError):
+        pm.invert_fit(1.0, 1.0, "ring", 1)
+
+
+def test_link_cost_rejects_negative_values():
+    for bad in ({"alpha": -1.0}, {"beta": math.nan}, {"gamma": "1"}):
+        with pytest.raises(ValueError):
+            pm.LinkCost(**bad)
+
+
+# --------------------------------------------------------------------------- iteration
+
+def test_single_worker_io_is_hidden_when_shorter_than_compute():
+    # compute = h2d + f + b + u = 0.01 + 0.1 + 0.2 + 0.02 = 0.33
+    assert pm.single_worker_time(0.03, 0.01, 0.1, 0.2, 0.02) == approx(0.33)
+    # slower reader: t_io' = 0.5 - 0.33 = 0.17 exposed, the iteration takes as long as reading
+    assert pm.single_worker_time(0.5, 0.01, 0.1, 0.2, 0.02) == approx(0.5)
+    # no prefetching: everything adds up
+    assert pm.single_worker_time(0.03, 0.01, 0.1, 0.2, 0.02, prefetch=False) == approx(0.36)
+
+
+def test_no_overlap_adds_the_whole_communication():
+    # t_io' + t_h2d + t_f + t_b + t_c + t_u, I/O hidden behind all of it
+    assert pm.no_overlap_time(0.03, 0.01, 0.1, 0.2, 0.15, 0.02) == approx(0.48)
+    assert pm.no_overlap_time(0.03, 0.01, 0.1, 0.2, 0.15, 0.02, prefetch=False) == approx(0.51)
+    assert pm.no_overlap_time(0.6, 0.01, 0.1, 0.2, 0.15, 0.02) == approx(0.6)
+
+
+def test_wfbp_recurrence_on_three_layers():
+    """Three layers in backward order (layer 1 = the network's last layer):
+
+        backward b   = [1, 2, 1]  ->  ready tau = [1, 3, 4]
+        transfer c   = [3, 1, 2]
+
+        layer 1: s1 = max(tau1, e0) = max(1, 0) = 1,  e1 = 1 + 3 = 4
+        layer 2: s2 = max(tau2, e1) = max(3, 4) = 4,  e2 = 4 + 1 = 5   (waits for the link)
+        layer 3: s3 = max(tau3, e2) = max(4, 5) = 5,  e3 = 5 + 2 = 7   (waits for the link)
+
+    backward + communication = max(tau3, e3) = 7, exposed communication = 7 - 4 = 3 of the
+    6 sent; with t_io = 0.1 (no prefetch), t_f = 2 and t_u = 0.5 the iteration takes
+    0.1 + 2 + 7 + 0.5 = 9.6, against 0.1 + 2 + 4 + 6 + 0.5 = 12.6 without overlap.
+    """
+    b, c = [1.0, 2.0, 1.0], [3.0, 1.0, 2.0]
+    assert pm.ready_times(b) == [1.0, 3.0, 4.0]
+    assert pm.wfbp_schedule(pm.ready_times(b), c) == [(1.0, 4.0), (4.0, 5.0), (5.0, 7.0)]
+    assert pm.wfbp_backward_comm(b, c) == 7.0
+    assert pm.exposed_comm(b, c) == 3.0
+    assert pm.overlap_time(0.1, 0.0, 2.0, b, c, 0.5, prefetch=False) == approx(9.6)
+    assert pm.no_overlap_time(0.1, 0.0, 2.0, sum(b), sum(c), 0.5, prefetch=False) == approx(12.6)
+
+
+def test_wfbp_hides_all_but_the_last_transfer_when_the_link_keeps_up():
+    """b = [2, 2, 2], c = [1, 1, 1]: tau = [2, 4, 6]; each transfer starts when its layer is
+    done (the link is free again), e = [3, 5, 7]: only the last layer's transfer, 1, is exposed."""
+    assert pm.wfbp_schedule([2.0, 4.0, 6.0], [1.0, 1.0, 1.0]) == [(2.0, 3.0), (4.0, 5.0), (6.0, 7.0)]
+    assert pm.exposed_comm([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == 1.0
+
+
+def test_schedule_rejects_bad_input():
+    with pytest.raises(ValueError):
+        pm.wfbp_schedule([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        pm.ready_times([1.0, -1.0])
+
+
+# --------------------------------------------------------------------------- messages
+
+def grads(sizes, ready):
+    return [pm.Grad(f"l{k}.weight", f"l{k}", n, r) for k, (n, r) in enumerate(zip(sizes, ready))]
+
+
+def test_merge_by_threshold_like_buckets():
+    g = grads([1, 2, 3, 4, 1], [1, 2, 3, 4, 5])
+    # a buffer closes once it holds >= 3 bytes: [1+2], [3], [4], [1]
+    messages = pm.merge_by_threshold(g, 3)
+    assert [m.nbytes for m in messages] == [3, 3, 4, 1]
+    assert [m.ready for m in messages] == [2, 3, 4, 5]  # ready when its last member is
+    # DDP-style smaller first bucket: first closes at >= 1, then >= 5
+    assert [m.nbytes for m in pm.merge_by_threshold(g, 5, first_threshold=1)] == [1, 5, 5]
+    assert [m.nbytes for m in pm.merge_by_threshold(g, 100)] == [11]
+
+
+def test_grouping_by_layer_and_whole():
+    g = [pm.Grad("a.weight", "a", 10, 1.0), pm.Grad("a.bias", "a", 2, 1.0), pm.Grad("b.weight", "b", 5, 3.0)]
+    assert [(m.nbytes, m.ready) for m in pm.group_by_layer(g)] == [(12, 1.0), (5, 3.0)]
+    assert [(m.nbytes, m.ready) for m in pm.group_whole(g)] == [(17, 3.0)]
+    assert len(pm.group_by_tensor(g)) == 3
+
+
+def test_greedy_merging_saves_latency_only_when_it_does_not_delay():
+    # latency-bound: three small gradients ready close together -> one message (saves 2 alpha)
+    alpha_only = pm.comm_time_function("p2p", 2, pm.LinkCost(alpha=1.0))
+    merged = pm.merge_greedy(pm.group_by_tensor(grads([1, 1, 1], [0.0, 0.1, 0.2])), alpha_only)
+    assert [m.nbytes for m in merged] == [3]
+    # bandwidth-bound and far apart: apart e = [1, 11]; together max(0, 10) + 2 = 12 > 11
+    beta_only = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))
+    apart = pm.merge_greedy(pm.group_by_tensor(grads([1, 1], [0.0, 10.0])), beta_only)
+    assert [m.nbytes for m in apart] == [1, 1]
+
+
+def profile(layer_backward, sizes, io=0.0, h2d=0.0, forward=1.0, update=0.1):
+    tau = pm.ready_times(layer_backward)
+    return pm.Profile(io, h2d, forward, tau[-1], update, tuple(grads(sizes, tau)))
+
+
+def test_predict_composes_the_equations():
+    prof = profile([1.0, 2.0, 1.0], [3, 1, 2], io=0.1, forward=2.0, update=0.5)
+    per_byte = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))  # c = n: the 3-layer example
+    wfbp = pm.predict(prof, pm.Scheme(overlap=True, granularity="layer"), per_byte)
+    assert wfbp.iter_time == approx(9.6) and wfbp.comm_exposed == approx(3.0)
+    assert [(t.start, t.end) for t in wfbp.transfers] == [(1.0, 4.0), (4.0, 5.0), (5.0, 7.0)]
+    assert wfbp.phases["comm"] == approx(6.0)  # as the separated profile sends them
+    assert wfbp.hidden_fraction == approx(0.5)
+    whole = pm.predict(prof, pm.Scheme(), per_byte)
+    assert whole.iter_time == approx(12.6) and whole.comm_exposed == approx(6.0)
+    # a bucketed scheme whose separated profile sends the whole gradient at once
+    bucket = pm.Scheme(overlap=True, granularity="bucket", bucket_bytes=4, profile_granularity="whole")
+    prediction = pm.predict(prof, bucket, per_byte)
+    # buckets [3+1] ready at 3, [2] at 4: e = [3+4, 7+2] = [7, 9]
+    assert prediction.backward_comm == approx(9.0) and prediction.phases["comm"] == approx(6.0)
+
+
+def test_scheme_from_adapter_dict():
+    scheme = pm.Scheme.from_dict({"label": "DDP buckets", "overlap": True, "granularity": "bucket",
+                                  "bucket_bytes": 26214400.0, "first_bucket_bytes": 1048576,
+                                  "transport": "gloo", "algorithm": "ring"})
+    assert scheme.name == "DDP buckets" and scheme.bucket_bytes == 26214400
+    with pytest.raises(ValueError):
+        pm.Scheme(granularity="bucket")  # no bucket size
+    with pytest.raises(ValueError):
+        pm.Scheme(algorithm="ps")  # no servers
+    with pytest.raises(ValueError):
+        pm.Scheme(algorithm="carrier-pigeon")
+
+
+# --------------------------------------------------------------------------- limits
+
+SCHEMES = [pm.Scheme(), pm.Scheme(overlap=True, granularity="layer"),
+           pm.Scheme(overlap=True, granularity="tensor", merge="greedy"),
+           pm.Scheme(overlap=True, granularity="bucket", bucket_bytes=5000, first_bucket_bytes=1000),
+           pm.Scheme(algorithm="tree", overlap=True, granularity="layer"),
+           pm.Scheme(algorithm="ps", servers=2, overlap=True, granularity="layer")]
+
+
+def random_profile(rng: random.Random) -> pm.Profile:
+    layers = rng.randint(1, 30)
+    return profile([rng.uniform(0, 0.01) for _ in range(layers)], [rng.randint(0, 20000) for _ in range(layers)],
+                   io=rng.uniform(0, 0.002), h2d=rng.uniform(0, 0.002), forward=rng.uniform(0.001, 0.05),
+                   update=rng.uniform(0, 0.005))
+
+
+def test_zero_communication_gives_ideal_scaling():
+    rng = random.Random(1)
+    for _ in range(50):
+        prof = random_profile(rng)
+        t_one = pm.single_worker_prediction(prof).iter_time
+        for scheme in SCHEMES:
+            for p in (2, 4, 16, 128):
+                free = pm.comm_time_function(scheme.algorithm, p, pm.LinkCost(), max(1, scheme.servers))
+                t_n = pm.predict(prof, scheme, free).iter_time
+                assert t_n == pytest.approx(t_one)
+                assert pm.speedup(t_one, t_n, p) == pytest.approx(p)
+                assert pm.efficiency(pm.speedup(t_one, t_n, p), p) == pytest.approx(1.0)
+
+
+def test_overlap_never_beats_forward_plus_backward_nor_loses_to_no_overlap():
+    rng = random.Random(2)
+    for _ in range(300):
+        prof = random_profile(rng)
+        cost = pm.LinkCost(rng.uniform(0, 1e-4), rng.uniform(0, 1e-8), rng.uniform(0, 1e-9))
+        p = rng.choice([2, 3, 8, 32])
+        comm = pm.comm_time_function("ring", p, cost)
+        floor = prof.io + prof.h2d + prof.forward + prof.backward + prof.update
+        without = pm.predict(prof, pm.Scheme(granularity="layer"), comm).iter_time
+        with_overlap = pm.predict(prof, pm.Scheme(overlap=True, granularity="layer"), comm).iter_time
+        assert floor - 1e-12 <= with_overlap <= without + 1e-12
+
+
+def test_speedup_and_efficiency():
+    assert pm.speedup(0.1, 0.125, 2) == approx(1.6)
+    assert pm.efficiency(1.6, 2) == approx(0.8)
+    with pytest.raises(ValueError):
+        pm.speedup(0.1, 0.0, 2)
+
+
+# --------------------------------------------------------------------------- per-layer inputs
+
+def test_backward_split_by_flop_share():
+    """Forward order conv1 (100 FLOPs), relu1 (10, no parameters), conv2 (200), fc (50).
+    Backward weights: conv1 1 x 100 (first layer: no input gradient), relu1 10, conv2 2 x 200,
+    fc 2 x 50; total 610.  Backward order fc 100, conv2 400, then relu1's 10 is done before
+    conv1's gradient: conv1 110.  With t_b = 0.61: fc 0.1, conv2 0.4, conv1 0.11."""
+    rows = [("conv1", 100, True), ("relu1", 10, False), ("conv2", 200, True), ("fc", 50, True)]
+    split = pm.split_backward_by_flops(0.61, rows)
+    assert [name for name, _ in split] == ["fc", "conv2", "conv1"]
+    assert [t for _, t in split] == pytest.approx([0.1, 0.4, 0.11])
+    assert sum(t for _, t in split) == pytest.approx(0.61)
+
+
+def test_backward_split_of_a_real_model_sums_to_backward():
+    from models import get_model
+
+    spec = get_model("googlenet-tiny")
+    rows = [(r.name, r.flops, r.params > 0) for r in spec.layer_table()]
+    split = pm.split_backward_by_flops(0.25, rows)
+    assert {name for name, _ in split} == {name for name, _ in spec.gradient_sizes_backward()}
+    assert sum(t for _, t in split) == pytest.approx(0.25)
+    assert all(t >= 0 for _, t in split)
