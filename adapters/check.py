@@ -123,7 +123,8 @@ def validate(args):
     return frameworks, tolerance
 
 
-def run_framework(info, mode: str, args, out: Path, python: str) -> Path:
+def run_framework(info, mode: str, args, out: Path, python: str,
+                  extra_env: dict[str, str] | None = None) -> Path:
     """One worker in check mode in the framework's environment; returns its dump folder."""
     from adapters.base import RunConfig
     from launchers.envs import REPO_ROOT
@@ -134,8 +135,10 @@ def run_framework(info, mode: str, args, out: Path, python: str) -> Path:
     config = RunConfig(run_id=folder.name, framework=info.name, mode=mode, model=args.model,
                        batch_per_worker=args.batch, dropout=False, seed=args.seed,
                        threads_per_worker=args.threads or os.cpu_count() or 1,
+                       servers=1 if mode in info.server_modes else 0,
                        rank_dir=str(folder), check={"steps": 1, "out_dir": str(folder)})
-    outcome = run_local(config, python, folder, info.rendezvous, REPO_ROOT, args.timeout)
+    outcome = run_local(config, python, folder, info.rendezvous, REPO_ROOT, args.timeout,
+                        extra_env=extra_env)
     if outcome.status != "ok":
         raise RuntimeError(f"{info.name}:{mode} {outcome.status}: {outcome.error}")
     return folder
@@ -200,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
         for info, mode in frameworks:
             try:
                 python = str(ensure_environment(info.env, log=print).python)
+                extra_env = ({"DLC_BACKEND_PYTHON": str(ensure_environment(
+                    info.backend_env, log=print).python)} if info.backend_env else {})
             except EnvBuildError as error:
                 print(f"dlcompare: error: {error}", file=sys.stderr)
                 return 2
             label = f"{info.name}:{mode}"
             try:
-                folders[label] = run_framework(info, mode, args, out, python)
+                folders[label] = run_framework(info, mode, args, out, python, extra_env)
             except RuntimeError as error:
                 print(f"{label}: run failed: {error}", file=sys.stderr)
                 return 1

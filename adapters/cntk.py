@@ -155,8 +155,6 @@ class CntkTrainer(Trainer):
         if config.data != "synthetic":
             raise FrameworkUnavailable("CNTK reads synthetic data only here (its image reader "
                                        "needs libjpeg/libpng sonames this system lacks)")
-        if config.mode == "single" and dist.world_size > 1:
-            raise FrameworkUnavailable("cntk:single runs one worker; use cntk:mpi for several")
         self.folder = Path(tempfile.mkdtemp(prefix="dlc-cntk-",
                                             dir=config.rank_dir or None))
         env = {**os.environ}

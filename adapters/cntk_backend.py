@@ -311,6 +311,9 @@ class Backend(object):
         self.communicator = None
 
     def op_hello(self, request):
+        import warnings
+        # CNTK warns on import that this is not Ubuntu and that GPU libraries are missing
+        warnings.filterwarnings("ignore", module="cntk")
         import numpy
         import cntk
         self.C, self.np = cntk, numpy
@@ -339,7 +342,7 @@ class Backend(object):
         # sample count (aggregated over workers when distributed); minibatch_size = the global
         # batch makes CNTK scale the rate to lr / global batch, i.e. lr on the mean gradient.
         global_batch = int(options["batch"]) * world
-        learner = C.momentum_sgd(
+        learner = local = C.momentum_sgd(
             params, lr=C.learning_parameter_schedule(float(options["lr"]),
                                                      minibatch_size=global_batch),
             momentum=C.momentum_schedule(float(options["momentum"]), minibatch_size=global_batch),
@@ -351,7 +354,7 @@ class Backend(object):
             if self.communicator.num_workers() != world:
                 raise RuntimeError("MPI gives %d workers, the run wants %d"
                                    % (self.communicator.num_workers(), world))
-        self.learner = learner
+        self.local_learner, self.learner = local, learner
         self.trainer = C.Trainer(net.output, (net.loss, None), [learner])
         self.params = params
         facts = {"parameters": len(params), "buffers": len(net.buffers),
@@ -433,13 +436,19 @@ class Backend(object):
         return float(self.np.sum(values)), len(values), grads
 
     def op_profile(self, request):
-        """One iteration with its phases timed apart. CNTK runs synchronously on the CPU, so
-        no device sync is needed. Approximate in two ways: forward and backward go through
-        Function.forward / Function.backward (the same kernels as the fast path, but the
-        gradients come back as NumPy arrays, a copy the fast path does not make), and with
-        MPI the distributed learner's update both all-reduces the gradients and applies
-        them, so comm is split off by timing a local update of the same gradients separately
-        (see 'comm')."""
+        """One iteration with its phases timed apart (CNTK computes synchronously on the CPU,
+        so no device sync is needed). The fast path (Trainer.train_minibatch) does the same
+        work in one call; here forward is Function.forward (training mode, keeping what
+        backward needs), backward is Function.backward from a root gradient of 1 per sample
+        (the summed loss, as the Trainer does), gradients staying CNTK NDArrayViews, and the
+        update is the momentum-SGD learner's own update. With several workers CNTK's
+        data-parallel learner all-reduces the gradients (Communicator.aggregate_in_place, the
+        call it makes itself) and then runs the same local update with the summed sample
+        count; here the two are called one after the other to time them apart. What is
+        approximate: the small extra all-reduce of the sample count and loss that the
+        distributed learner adds is left out (the count is known: every worker has the same
+        batch). CNTK sends nothing while backward runs, so with `overlapped` the
+        communication is counted into backward_comm after backward, as it runs."""
         perf = time.perf_counter
         start = perf()
         arguments = self.next_batch()
@@ -451,19 +460,27 @@ class Backend(object):
         t_forward = perf()
         values = outputs[loss.output]
         grads = loss.backward(state, {loss.output: self.np.ones_like(values)},
-                              variables=set(self.params))
+                              variables=set(self.params), as_numpy=False)
+        # the Python NDArrayView wrappers backward returns are not what the C++ calls take;
+        # .data gives the underlying views (no copy)
+        grads = dict((param, view.data) for param, view in grads.items())
         t_backward = perf()
-        self.learner.update(grads, len(values))
+        count = len(values)
+        if self.communicator is not None:  # in the same order on every rank
+            self.communicator.aggregate_in_place([grads[p] for p in self.params],
+                                                 self.communicator.workers())
+            count *= self.communicator.num_workers()
+        t_comm = perf()
+        self.local_learner._update(grads, count, False)
         t_update = perf()
         self.last_loss = float(self.np.mean(values))
-        phases = {"io": t_io - start, "h2d": t_h2d - t_io, "forward": t_forward - t_h2d}
+        phases = {"io": t_io - start, "h2d": t_h2d - t_io, "forward": t_forward - t_h2d,
+                  "update": t_update - t_comm}
         if request.get("overlapped"):
-            phases["backward_comm"] = t_backward - t_forward
-            phases["update"] = t_update - t_backward
+            phases["backward_comm"] = t_comm - t_forward
         else:
             phases["backward"] = t_backward - t_forward
-            phases["comm"] = 0.0
-            phases["update"] = t_update - t_backward
+            phases["comm"] = t_comm - t_backward
         return {"phases": phases}
 
     def op_gradients(self, request):

@@ -96,6 +96,17 @@ class HorovodTrainer(TorchTrainer):
         self.optimizer = hvd.DistributedOptimizer(
             self.optimizer, named_parameters=self.network.leaves.named_parameters(),
             op=hvd.Average)
+        # Horovod's zero_grad() takes no argument (it refuses while all-reduces are pending,
+        # then calls torch's, whose default is set_to_none=True); TorchTrainer's code calls it
+        # with torch's signature, so give the instance that signature.
+        horovod_zero_grad = self.optimizer.zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            if not set_to_none:
+                raise ValueError("Horovod's optimizer only sets gradients to None")
+            horovod_zero_grad()
+
+        self.optimizer.zero_grad = zero_grad
 
     # -- set-up ------------------------------------------------------------------------------
     def _wrap_distributed(self, network):
@@ -147,15 +158,8 @@ class HorovodTrainer(TorchTrainer):
         return float(loss), {name: g.detach().cpu().numpy().copy()
                              for (name, _), g in zip(named, grads)}
 
-    # -- iterations ---------------------------------------------------------------------------
-    def step(self):
-        images, labels = self._to_device(*next(self.batches))
-        loss = F.cross_entropy(self.model(images), labels)
-        self.optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (None is torch's default)
-        self.backward_and_aggregate(loss)
-        self.optimizer.step()  # synchronize(): waits for every all-reduce, then SGD
-        self._loss = loss.detach()
-
+    # -- iterations (step() is TorchTrainer's: zero_grad, backward_and_aggregate, and
+    # optimizer.step(), whose synchronize() waits for every all-reduce before SGD) ------------
     def profile_step(self, overlapped: bool):
         timer = PhaseTimer(self.sync)
         batch = next(self.batches)
@@ -199,6 +203,95 @@ class HorovodTrainer(TorchTrainer):
         """The whole gradient through Horovod after backward: synchronize() submits every
         gradient no hook submitted (all of them here), fused, and waits."""
         self.optimizer.synchronize()
+
+    # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
+    def comm_scheme(self):
+        """Horovod in the model's terms. During backward each gradient is submitted when final;
+        every cycle the background thread fuses all that is ready (up to the threshold) into one
+        ring all-reduce, so what became ready while the previous transfer ran goes out together:
+        per-tensor messages with greedy merging (the model's merge does not cap at the
+        threshold nor add the cycle time). The separated profile submits everything at once:
+        buffers of at most the threshold. Fusion off (fusion_mb 0): one all-reduce per tensor."""
+        fusion_bytes = int(self.fusion_mb * 2 ** 20)
+        scheme = {"label": "Horovod tensor fusion", "overlap": True, "granularity": "tensor",
+                  "merge": "greedy" if fusion_bytes > 0 else None,
+                  "profile_granularity": "bucket" if fusion_bytes > 0 else "tensor",
+                  "algorithm": "ring", "transport": self.backend,
+                  "fusion_bytes": fusion_bytes, "cycle_ms": self.cycle_ms}
+        if fusion_bytes > 0:
+            scheme["bucket_bytes"] = fusion_bytes
+        return scheme
+
+    def layer_backward_profile(self):
+        """As TorchTrainer's (one iteration, no communication nor update; when each layer's
+        gradient is final, from the start of backward), but the stamps come from tensor hooks,
+        which torch.autograd.grad runs, instead of post-accumulate hooks, which it does not:
+        backward here is the hook-free one of the separated profile."""
+        import time
+
+        images, labels = self._to_device(*next(self.batches))
+        loss = F.cross_entropy(self.model(images), labels)
+        self.optimizer.zero_grad()
+        cuda = self.device.type == "cuda"
+        stamps: dict[str, list] = {}
+
+        def stamp(layer):
+            def hook(_grad):
+                if cuda:
+                    event = torch.cuda.Event(enable_timing=True)
+                    event.record()
+                    stamps.setdefault(layer, []).append(event)
+                else:
+                    stamps.setdefault(layer, []).append(time.perf_counter())
+            return hook
+
+        handles = [p.register_hook(stamp(name.rsplit(".", 1)[0]))
+                   for name, p in self.network.leaves.named_parameters() if p.requires_grad]
+        try:
+            self.sync()
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                start = time.perf_counter()
+            self.backward_local(loss)
+            self.sync()
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.optimizer.zero_grad()
+        if cuda:
+            ready = {layer: max(start.elapsed_time(e) for e in events) / 1e3
+                     for layer, events in stamps.items()}
+        else:
+            ready = {layer: max(events) - start for layer, events in stamps.items()}
+        return sorted(ready.items(), key=lambda item: item[1])
+
+    def collective_times(self, sizes, repeats, warmup=2):
+        """Horovod's allreduce (Sum, in place) of a float32 tensor per size, as the optimizer
+        submits one (through the background thread, its cycle and fusion buffer); each timed
+        call starts after a barrier."""
+        import time
+
+        if hvd.size() < 2:
+            raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or "
+                                      "more workers")
+        times = {}
+        for nbytes in sizes:
+            tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
+            name = f"dlcompare.calibrate.{int(nbytes)}"
+            for _ in range(warmup):
+                hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+            measured = []
+            for _ in range(repeats):
+                hvd.barrier()
+                self.sync()
+                start = time.perf_counter()
+                hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+                self.sync()
+                measured.append(time.perf_counter() - start)
+            times[int(nbytes)] = measured
+        return times
 
     def barrier(self):
         if hvd.is_initialized():

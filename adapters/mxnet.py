@@ -27,9 +27,10 @@ SGD with momentum. MXNet's `sgd_mom_update` keeps state s = m*s - lr*rescale*g a
 torch keeps v = m*v + g and does w -= lr*v. With a constant learning rate s = -lr*v at every
 step, so both follow the same trajectory; the first step is bit-identical (both states start
 at zero) and later steps differ by rounding order only. The loss is per sample (summed by
-backward) and `trainer.step(global batch)` sets rescale_grad = 1/global batch; the kvstore
-sums the workers' (contexts') gradients, so the update uses the mean gradient over the global
-batch, exactly what torch DDP's mean of equal-batch means gives.
+backward) and `trainer.step(global batch)` sets rescale_grad = 1/global batch (the optimizer
+the servers run is sent with it at the first step); the kvstore sums the workers' (contexts')
+gradients, so the update uses the mean gradient over the global batch, which is what torch
+DDP's mean of equal-batch means gives.
 
 Input data. Synthetic batches (adapters/data.py) are turned into NDArrays on their devices
 once, so the timed loop measures MXNet, as torch's zero-copy `from_numpy` does. The generated
@@ -42,6 +43,15 @@ Chosen over Gluon's ImageFolderDataset + DataLoader because that is MXNet's prod
 forked Python loader processes (fork and MXNet's engine threads do not mix well, and there is
 nothing to leave behind when a run is killed), and it shards natively for distributed runs.
 `loader_workers` sets its decode threads.
+
+Where MXNet departs from the description's (Caffe's) semantics, and what is done:
+  - Pooling: Caffe's ceil rule is Gluon's ceil_mode=True (pooling_convention='full'); every
+    leaf's output shape equals the description's (tests/test_mxnet.py).
+  - LRN: MXNet's operator has Caffe's alpha/size convention, but its MKL-DNN backward is wrong
+    (see `LRN`), so on MKL-DNN the layer is composed of plain operators.
+  - BatchNorm: momentum has the canonical meaning; MXNet's running variance uses the biased
+    batch variance and is updated in backward, so `UnbiasedRunningVar` applies Caffe's
+    (torch's, TF's) Bessel correction after backward.
 
 Threads: the launcher sets OMP_NUM_THREADS to the run's threads per worker; MXNet's engine
 keeps one worker thread per CPU context (MXNET_CPU_WORKER_NTHREADS). MKL-DNN (oneDNN) stays
@@ -302,30 +312,38 @@ class UnbiasedRunningVar:
                 if n < 2 or momentum >= 1.0:
                     continue
                 running = param.data(ctx)
-                mx.nd.elemwise_sub(running * (1.0 + 1.0 / (n - 1)), old * (momentum / (n - 1)),
-                                   out=running)
+                # In-place operations only: MXNet's BatchNorm backward writes the statistics
+                # through an input it declares read-only, so the engine orders a later *read*
+                # of them concurrently with it (it read the old value); an in-place write
+                # waits for that backward to finish.
+                running *= 1.0 + 1.0 / (n - 1)
+                running -= old * (momentum / (n - 1))
 
 
 # ----------------------------------------------------------------------------- input pipelines
 
 class SyntheticNDArrays:
-    """SyntheticBatches turned into NDArrays on each context once, cycled forever.
+    """SyntheticBatches turned into NDArrays once, cycled forever; each batch is a list with
+    one slice per context.
 
     With several contexts (in-process modes) the process draws the global batch and context i
-    takes rows i*b .. (i+1)*b - 1: the same samples rank i of a multi-process run gets.
+    takes rows i*b .. (i+1)*b - 1: the same samples rank i of a multi-process run gets. The
+    slices live in host memory as the PyTorch adapter's do: on their CPU context itself, or
+    pinned for a GPU (the h2d phase copies them there).
     """
 
     def __init__(self, spec, batch_per_context: int, contexts, rank: int, world_size: int,
                  seed: int):
         count = len(contexts)
         source = SyntheticBatches(spec, batch_per_context * count, rank, world_size, seed)
+        hosts = [c if c.device_type == "cpu" else mx.cpu_pinned(0) for c in contexts]
         self.batches = []
         for images, labels in source.batches:
+            rows = [slice(i * batch_per_context, (i + 1) * batch_per_context)
+                    for i in range(count)]
             self.batches.append((
-                [mx.nd.array(images[i * batch_per_context:(i + 1) * batch_per_context], ctx=c)
-                 for i, c in enumerate(contexts)],
-                [mx.nd.array(labels[i * batch_per_context:(i + 1) * batch_per_context],
-                             ctx=c, dtype="float32") for i, c in enumerate(contexts)]))
+                [mx.nd.array(images[r], ctx=h) for r, h in zip(rows, hosts)],
+                [mx.nd.array(labels[r], ctx=h, dtype="float32") for r, h in zip(rows, hosts)]))
         self.position = 0
 
     def __iter__(self):
@@ -531,8 +549,9 @@ class MXNetTrainer(Trainer):
     # -- iterations ---------------------------------------------------------------------------
     def _to_devices(self, batch):
         data, labels = batch
-        if isinstance(data, list):  # synthetic: already on the contexts
-            return data, labels
+        if isinstance(data, list):  # synthetic: one host slice per context
+            return ([x.as_in_context(c) for x, c in zip(data, self.contexts)],
+                    [y.as_in_context(c) for y, c in zip(labels, self.contexts)])
         if len(self.contexts) == 1:
             return [data.as_in_context(self.contexts[0])], [labels.as_in_context(self.contexts[0])]
         return (gluon.utils.split_and_load(data, self.contexts),
@@ -604,6 +623,46 @@ class MXNetTrainer(Trainer):
     def barrier(self):
         if self.kv is not None:
             self.kv._barrier()
+
+    # -- performance model --------------------------------------------------------------------
+    def comm_scheme(self):
+        """Dist modes: each gradient tensor pushed to the servers as soon as backward made it
+        (MXNet's engine runs the pushes by priority, overlapping the rest of backward), summed
+        there (and the update applied there with update_on_kvstore), then pulled. Tensors over
+        MXNET_KVSTORE_BIGARRAY_BOUND elements (default 1e6) are split over all servers, smaller
+        ones go whole to one server, so `servers` slices are exact only for the big tensors.
+        In-process modes reduce in this process's memory, which the model has no term for."""
+        if not self.distributed:
+            return None
+        return {"label": f"ps-lite push/pull ({self.config.mode})", "overlap": True,
+                "granularity": "tensor", "algorithm": "ps", "servers": self.config.servers,
+                "profile_granularity": "tensor", "transport": "ps-lite"}
+
+    def collective_times(self, sizes, repeats, warmup=2):
+        """Push then pull of one float32 key per size through the dist kvstore (the servers
+        sum every worker's push), each timed call after a kvstore barrier."""
+        import time
+
+        if not self.distributed:
+            raise NotImplementedError(f"mxnet:{self.config.mode} reduces inside one process; "
+                                      "calibrate dist_sync or dist_device_sync")
+        ctx = self.contexts[0]
+        times = {}
+        for index, nbytes in enumerate(sizes):
+            key = 1_000_000 + index  # far from gluon.Trainer's keys 0 .. parameters-1
+            buffer = mx.nd.zeros(max(1, int(nbytes) // 4), ctx=ctx)
+            self.kv.init(key, buffer)
+            measured = []
+            for attempt in range(warmup + repeats):
+                self.kv._barrier()
+                start = time.perf_counter()
+                self.kv.push(key, buffer)
+                self.kv.pull(key, out=buffer)
+                buffer.wait_to_read()
+                if attempt >= warmup:
+                    measured.append(time.perf_counter() - start)
+            times[int(nbytes)] = measured
+        return times
 
     # -- facts --------------------------------------------------------------------------------
     def _update_on_kvstore(self) -> bool:

@@ -59,9 +59,10 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         label="CNTK",
         module="adapters.cntk",
         env="torch",  # the worker side needs only NumPy; CNTK itself runs in backend_env
-        # single: one worker; mpi: CNTK's data_parallel_distributed_learner, ranks by mpirun
-        modes=("single", "mpi"),
-        synchronous_modes=("single", "mpi"),
+        # ranks started by mpirun; with several, CNTK's data_parallel_distributed_learner
+        # all-reduces the gradients over MPI (one worker: CNTK's plain learner)
+        modes=("mpi",),
+        synchronous_modes=("mpi",),
         rendezvous="mpi",
         backend_env="cntk",
     ),

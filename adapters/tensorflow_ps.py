@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -170,28 +171,35 @@ class GraphPSTrainer(TensorFlowTrainer):
                                                        name="dlc_barrier")
             self.barrier_add = self.barrier_count.assign_add(1)
         with tf.compat.v1.device(worker):
-            images, labels = self._input()
-            self.images = tf.compat.v1.placeholder_with_default(images, images.shape)
-            self.labels = tf.compat.v1.placeholder_with_default(labels, labels.shape)
-            self.batch = (images, labels)
-            logits, self.updates = model(self.images, self.params, self.buffers, training=True)
-            self.loss = model.loss(logits, self.labels)
+            self.batch = self._input()
+            logits, self.updates = model(self.batch[0], self.params, self.buffers, training=True)
+            self.loss = model.loss(logits, self.batch[1])
             optimizer = tf.compat.v1.train.MomentumOptimizer(config.lr, config.momentum)
             self.sync_optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                 optimizer, replicas_to_aggregate=self.workers, total_num_replicas=self.workers)
             grads_and_vars = self.sync_optimizer.compute_gradients(
                 self.loss, var_list=[self.params[n] for n in self.names])
             self.grads = [g for g, _ in grads_and_vars]
-            self.train_op = self.sync_optimizer.apply_gradients(grads_and_vars, global_step=self.global_step)
+            self.train_op = self.sync_optimizer.apply_gradients(grads_and_vars,
+                                                                global_step=self.global_step)
+            # A fed path for given batches (the equivalence check, the profile). Not a
+            # placeholder_with_default over the iterator: a distributed session was seen to
+            # run the iterator for runs that fed it.
+            self.images = tf.compat.v1.placeholder(tf.float32, model.input_shape(None), "images")
+            self.labels = tf.compat.v1.placeholder(tf.int64, [None], "labels")
+            fed_logits, self.fed_updates = model(self.images, self.params, self.buffers,
+                                                 training=True)
+            self.fed_loss = model.loss(fed_logits, self.labels)
+            self.fed_grads = tf.gradients(self.fed_loss, [self.params[n] for n in self.names])
             # Profile pieces: a worker-local copy of the weights, pulled explicitly, so
-            # forward and backward can be timed without communication.
+            # forward and backward can be timed without communication (a graph run executes
+            # only what its fetches need: fetching the loss alone leaves the statistics'
+            # assignments out).
             self.local = {n: tf.compat.v1.Variable(tf.zeros(model.param_shapes[n]),
                                                    trainable=False, name=f"local/{n}",
                                                    collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
                           for n in self.names}
             self.pull = tf.group(*[self.local[n].assign(self.params[n]) for n in self.names])
-            # (a graph run executes only what its fetches need: fetching the loss alone
-            # leaves the statistics' assignments out)
             local_logits, self.local_updates = model(self.images, self.local, self.buffers,
                                                      training=True)
             self.local_loss = model.loss(local_logits, self.labels)
@@ -245,18 +253,18 @@ class GraphPSTrainer(TensorFlowTrainer):
 
     def gradients(self, images, labels):
         feed = {self.images: self.model.images_to_layout(images), self.labels: labels}
-        loss, grads, _ = self._run([self.loss, self.grads, self.updates], feed)
+        loss, grads, _ = self._run([self.fed_loss, self.fed_grads, self.fed_updates], feed)
         return float(loss), {n: self.model.to_canonical(n, g) for n, g in zip(self.names, grads)}
 
     # -- iterations --------------------------------------------------------------------------
     def step(self):
         _, self._loss, _ = self._run([self.train_op, self.loss, self.updates])
 
-    def profile_step(self, overlapped: bool):
+    def _profile(self, overlapped: bool):
         """Phases in graph mode (each a separate session run; nothing runs between them).
 
-        io: the next batch from tf.data fetched to the host (then fed back in: the same batch
-        for every run of this iteration); h2d: 0 (CPU). Separated kind: comm = pulling every
+        io: the next batch from tf.data fetched to the host (fed back to the local forward and
+        backward; the overlapped kind's own step takes the batch after it); h2d: 0 (CPU). Separated kind: comm = pulling every
         weight from the servers into worker-local copies + pushing the gradients (fed back
         from the host) through SyncReplicasOptimizer, which includes waiting for the other
         workers and the chief's momentum update on the servers; forward = the local copy's
@@ -276,7 +284,7 @@ class GraphPSTrainer(TensorFlowTrainer):
         self._run(self.local_loss, feed)
         timer.lap("forward")
         if overlapped:
-            _, self._loss, _ = self._run([self.train_op, self.loss, self.updates], feed)
+            _, self._loss, _ = self._run([self.train_op, self.loss, self.updates])
             timer.lap("backward_comm")
             timer.laps["backward_comm"] = max(0.0, timer.laps["backward_comm"]
                                               - timer.laps["forward"])
@@ -322,6 +330,12 @@ class GraphPSTrainer(TensorFlowTrainer):
     def close(self):
         if self.session is None:
             return
+        # The chief's queue-runner thread is blocked in a run waiting for gradients that will
+        # not come; closing the session ends that run with an error the thread would print.
+        previous = threading.excepthook
+        threading.excepthook = lambda args: (
+            None if args.thread is not None and args.thread.name.startswith("QueueRunnerThread")
+            else previous(args))
         self.coordinator.request_stop()
         try:
             self.coordinator.join(stop_grace_period_secs=STOP_GRACE_SECONDS,
@@ -440,7 +454,7 @@ class AsyncPSTrainer(TensorFlowTrainer):
         self.coordinator.join()
         return time.perf_counter() - start
 
-    def profile_step(self, overlapped: bool):
+    def _profile(self, overlapped: bool):
         """One worker's step functions, each scheduled alone and joined (so each time holds a
         dispatch round trip): forward-only, forward+backward, full step (reads from and
         updates on the servers). Phases are differences: backward = fb - f, comm (+ the

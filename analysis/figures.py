@@ -82,7 +82,7 @@ def _save(fig, out_dir: str | Path, name: str, title: str) -> Path:
     path = folder / f"{name}.png"
     fig.suptitle(title, fontsize=13, fontweight="bold")
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", facecolor="white")
+    fig.savefig(path, dpi=DPI, facecolor="white")  # tight_layout above: one draw, not two
     plt.close(fig)
     return path
 
@@ -151,7 +151,7 @@ def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         if profile.notna().any():
             ax.scatter(x, profile, marker="_", s=900, linewidths=2.5, color="black", zorder=3,
                        label="iteration (profile)")
-        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set_xticks(list(x), labels, fontsize=8, rotation=90 if len(rows) > 8 else 0)
         ax.set(title=title, xlabel="", ylabel="milliseconds per iteration")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.margins(y=0.1)
@@ -223,6 +223,8 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     ok = ok[ok["predicted"].notna() & ok["measured"].notna()]
     if ok.empty:
         return None
+    # one point per configuration (median over repeated runs)
+    ok = (ok.groupby(tables.CONFIG_KEYS, dropna=False, sort=True)[["measured", "predicted"]].median().reset_index())
     ok = _with_series(ok)
     colors = _palette(ok["series"])
     panels = _facets(ok)
@@ -294,14 +296,15 @@ def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         update = float(run.get("phase_update_pred_s") or 0.0) * 1e3
         ax.broken_barh([(0, start)], (2.1, 0.8), facecolors="#b8b8b8")
         ax.text(start / 2, 2.5, "I/O + forward", ha="center", va="center", fontsize=8)
-        longest = sorted(layers, key=lambda item: item[2] - item[1], reverse=True)[:4]
-        for k, (name, t0, t1) in enumerate(layers):
-            ax.broken_barh([(t0 * 1e3, (t1 - t0) * 1e3)], (2.1, 0.8), facecolors=layer_colors[k % len(layer_colors)])
-            if [name, t0, t1] in longest and (t1 - t0) * 1e3 > 0.04 * max(end, 1e-9):
+        if layers:  # one call per row: hundreds of bars stay cheap to draw
+            ax.broken_barh([(t0 * 1e3, (t1 - t0) * 1e3) for _, t0, t1 in layers], (2.1, 0.8),
+                           facecolors=[layer_colors[k % len(layer_colors)] for k in range(len(layers))])
+        for name, t0, t1 in sorted(layers, key=lambda item: item[2] - item[1], reverse=True)[:4]:
+            if (t1 - t0) * 1e3 > 0.04 * max(end, 1e-9):
                 ax.text((t0 + t1) / 2 * 1e3, 2.5, str(name), ha="center", va="center", fontsize=7)
-        for k, (t0, t1, nbytes, label) in enumerate(transfers):
-            ax.broken_barh([(t0 * 1e3, max((t1 - t0) * 1e3, end * 0.002))], (1.1, 0.8),
-                           facecolors=transfer_colors[k % len(transfer_colors)])
+        if transfers:
+            ax.broken_barh([(t0 * 1e3, max((t1 - t0) * 1e3, end * 0.002)) for t0, t1, _, _ in transfers], (1.1, 0.8),
+                           facecolors=[transfer_colors[k % len(transfer_colors)] for k in range(len(transfers))])
         if update > 0:
             ax.broken_barh([(end - update, update)], (2.1, 0.8), facecolors="#6a9955")
         measured = run.get("iter_time_median")
@@ -330,8 +333,40 @@ FIGURES = {
 }
 
 
-def make_figures(frame: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
-    """Every figure that has something to show, by name (see `FIGURES`)."""
+_SHARED_FRAME: pd.DataFrame | None = None  # what forked figure workers draw from
+
+
+def _draw_shared(name: str, out_dir: str) -> str | None:
+    path = FIGURES[name](_SHARED_FRAME, out_dir)
+    return None if path is None else str(path)
+
+
+def make_figures(frame: pd.DataFrame, out_dir: str | Path, workers: int | None = None) -> dict[str, Path]:
+    """Every figure that has something to show, by name (see `FIGURES`).
+
+    Figures are independent, so on a machine with several CPUs they are drawn by forked
+    worker processes (one figure each; the frame is inherited, not copied through a pipe):
+    matplotlib's text layout is the report's main cost.  `workers=1`, a platform without
+    fork, or any failure of the pool draws them one after another in this process.
+    """
+    global _SHARED_FRAME
+    import multiprocessing
+    import os
+
+    workers = min(len(FIGURES), os.cpu_count() or 1) if workers is None else workers
+    if workers > 1 and len(frame) and "fork" in multiprocessing.get_all_start_methods():
+        from concurrent.futures import ProcessPoolExecutor
+
+        _SHARED_FRAME = frame
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                futures = {name: pool.submit(_draw_shared, name, str(out_dir)) for name in FIGURES}
+                drawn = {name: future.result() for name, future in futures.items()}
+            return {name: Path(path) for name, path in drawn.items() if path is not None}
+        except Exception:  # noqa: BLE001 - fall back to drawing here
+            pass
+        finally:
+            _SHARED_FRAME = None
     made = {}
     for name, draw in FIGURES.items():
         path = draw(frame, out_dir)

@@ -369,9 +369,11 @@ def merge_by_threshold(grads: Sequence[Grad], threshold: float,
     return messages
 
 
-def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float]) -> list[Message]:
+def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float],
+                 cap: float = 0) -> list[Message]:
     """MG-WFBP-style merging: walking the messages in send order, merge the next one into the
-    pending message when sending them together ends no later than sending them apart.
+    pending message when sending them together ends no later than sending them apart (and,
+    with cap > 0, the merged message stays within cap bytes, like a fusion buffer).
 
     Apart: e_a = max(r_a, e_prev) + T(n_a), e_b = max(r_b, e_a) + T(n_b); together:
     e_ab = max(r_a, r_b, e_prev) + T(n_a + n_b).  With T = alpha + n beta, merging saves one
@@ -387,7 +389,7 @@ def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float
         end_a = max(pending.ready, end_prev) + comm_time(pending.nbytes)
         apart = max(msg.ready, end_a) + comm_time(msg.nbytes)
         together = max(pending.ready, msg.ready, end_prev) + comm_time(pending.nbytes + msg.nbytes)
-        if together <= apart:
+        if together <= apart and (cap <= 0 or pending.nbytes + msg.nbytes <= cap):
             pending = Message(pending.nbytes + msg.nbytes, max(pending.ready, msg.ready),
                               pending.members + msg.members)
         else:
@@ -412,7 +414,10 @@ class Scheme:
     merge: None, or ``greedy`` (MG-WFBP-style merging on top of the granularity);
     algorithm: the collective (see `coefficients`); servers: parameter servers for ``ps``;
     profile_granularity: how the framework's separated profile communicates (after backward),
-      so a predicted comm phase is comparable with the measured one (default: granularity).
+      so a predicted comm phase is comparable with the measured one (default: granularity);
+    cycle_s: a background thread that sends only at its cycle ticks (Horovod): each message
+      waits half a cycle on average, r_i + cycle_s / 2.  With merge ``greedy`` and a
+      bucket_bytes, merged messages stay within bucket_bytes (a fusion buffer).
     """
 
     name: str = "allreduce"
@@ -424,6 +429,7 @@ class Scheme:
     algorithm: str = "ring"
     servers: int = 0
     profile_granularity: str | None = None
+    cycle_s: float = 0.0
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -438,14 +444,18 @@ class Scheme:
             raise ValueError("a parameter-server scheme needs servers >= 1")
         if self.granularity == "bucket" and self.bucket_bytes <= 0:
             raise ValueError("a bucket scheme needs bucket_bytes > 0")
+        if self.cycle_s < 0:
+            raise ValueError("cycle_s cannot be negative")
 
     FIELDS = ("name", "overlap", "granularity", "bucket_bytes", "first_bucket_bytes", "merge",
-              "algorithm", "servers", "profile_granularity")
+              "algorithm", "servers", "profile_granularity", "cycle_s")
 
     @classmethod
     def from_dict(cls, data: dict) -> "Scheme":
         """From an adapter's ``comm_scheme()`` dict; keys the model does not use are ignored."""
         known = {k: data[k] for k in cls.FIELDS if k in data and data[k] is not None}
+        if "cycle_s" not in known and data.get("cycle_ms") is not None:
+            known["cycle_s"] = float(data["cycle_ms"]) / 1e3
         if "name" not in known and data.get("label"):
             known["name"] = str(data["label"])
         for key in ("bucket_bytes", "servers"):
@@ -473,8 +483,10 @@ class Scheme:
             messages = group_by_tensor(grads)
         else:
             messages = merge_by_threshold(grads, self.bucket_bytes, self.first_bucket_bytes)
+        if self.cycle_s > 0 and not separate:
+            messages = [Message(m.nbytes, m.ready + self.cycle_s / 2, m.members) for m in messages]
         if self.merge == "greedy" and not separate:
-            messages = merge_greedy(messages, comm_time)
+            messages = merge_greedy(messages, comm_time, self.bucket_bytes)
         return messages
 
 

@@ -99,7 +99,21 @@ def summary_table(frame: pd.DataFrame, title: str = "dlcompare results") -> Tabl
         table.add_row(*cells, style=style or None)
     if not rows:
         table.caption = "no runs stored yet"
+    elif model_line(frame):
+        table.caption = escape(CAPTION + "; " + model_line(frame))
     return table
+
+
+def model_line(frame: pd.DataFrame) -> str:
+    """'performance model: median |error| 7.3 % over 6 runs (max 12.0 %)', or '' without
+    predictions."""
+    if "prediction_error" not in frame.columns or "status" not in frame.columns:
+        return ""
+    errors = pd.to_numeric(frame.loc[frame["status"] == "ok", "prediction_error"], errors="coerce").dropna().abs()
+    if errors.empty:
+        return ""
+    return (f"performance model: median |predicted - measured| / measured {errors.median() * 100:.1f} % over "
+            f"{len(errors)} runs (max {errors.max() * 100:.1f} %)")
 
 
 def print_summary(out_dir: str | Path, console: Console | None = None) -> Table:

@@ -249,9 +249,14 @@ def configs_with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return pd.DataFrame(columns=list(table.columns) + extra)
     singles = table[_mask(table["world_size"] == 1) & _mask(table["nodes"].fillna(1) == 1)]
+    by_key: dict = {}  # (model, device, batch) -> the one-worker rows that may serve as baseline
+    for _, single in singles.iterrows():
+        by_key.setdefault((single["model"], single["device"], single["batch_per_worker"]), []).append(single)
     found = []
     for _, row in table.iterrows():
-        baseline = _baseline(singles, row)
+        batch = row["global_batch"] if row["scaling"] == "strong" else row["batch_per_worker"]
+        candidates = [] if _missing(batch) else by_key.get((row["model"], row["device"], batch), [])
+        baseline = _baseline_among(candidates, row)
         t_one = math.nan if baseline is None else float(baseline["iter_ms_median"])
         s = speedup(t_one, row["iter_ms_median"], row["world_size"], row["scaling"])
         found.append({"baseline_mode": None if baseline is None else baseline["mode"],
@@ -267,6 +272,23 @@ def scaling_table(frame: pd.DataFrame) -> pd.DataFrame:
 def _mask(condition: pd.Series) -> pd.Series:
     """A boolean mask in which a comparison with a missing value counts as False."""
     return condition.astype("boolean").fillna(False).astype(bool)
+
+
+def _baseline_among(candidates: list, row: pd.Series) -> pd.Series | None:
+    """`_baseline` over one-worker rows already of the same model, device and batch (plain
+    Python: scaling tables of large campaigns call this once per configuration)."""
+    def same(a, b) -> bool:
+        return (_missing(a) and _missing(b)) or (not _missing(a) and not _missing(b) and a == b)
+
+    exact = [c for c in candidates if same(c["framework_label"], row["framework_label"]) and same(c["mode"], row["mode"])]
+    if exact:
+        return exact[0]
+    others = [c for c in candidates if same(c["framework"], row["framework"])]
+    single = [c for c in others if same(c["mode"], "single")]
+    if single:
+        return single[0]
+    modes = {None if _missing(c["mode"]) else c["mode"] for c in others}
+    return others[0] if others and len(modes) == 1 else None
 
 
 def _baseline(singles: pd.DataFrame, row: pd.Series) -> pd.Series | None:

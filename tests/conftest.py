@@ -42,3 +42,19 @@ def torch_python() -> str:
     from launchers.envs import ensure_environment
 
     return str(ensure_environment("torch", log=print).python)
+
+
+@pytest.fixture(scope="session")
+def mxnet_python() -> str:
+    """The MXNet environment's interpreter, built from envs/mxnet.txt on first use."""
+    from launchers.envs import ensure_environment
+
+    return str(ensure_environment("mxnet", log=print).python)
+
+
+@pytest.fixture(scope="session")
+def tf_python() -> str:
+    """The TensorFlow environment's interpreter, built from envs/tf.txt (+ tf.nodeps.txt)."""
+    from launchers.envs import ensure_environment
+
+    return str(ensure_environment("tf", log=print).python)

@@ -164,11 +164,11 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, horovod_pytho
     # their mean is the single process's gradient on the global batch.
     g0, g1, g = (load(folder / f"grads_rank{r}.npz")
                  for folder, r in ((two, 0), (two, 1), (one, 0)))
-    assert not np.array_equal(g0["conv1.weight"], g1["conv1.weight"])
-    for name in single:
-        if name in g:
-            np.testing.assert_allclose((g0[name] + g1[name]) / 2, g[name], rtol=1e-4,
-                                       atol=1e-6, err_msg=name)
+    names = [name for name in g if name != "__loss__"]
+    assert names and not all(np.array_equal(g0[name], g1[name]) for name in names)
+    for name in names:
+        np.testing.assert_allclose((g0[name] + g1[name]) / 2, g[name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
     from models import canonical_weights, get_model
 
     initial = canonical_weights(get_model(model))
@@ -180,23 +180,49 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, horovod_pytho
 
 @pytest.mark.slow
 def test_measured_overlap_of_fused_allreduce_with_backward(tmp_path, horovod_python):
-    """Full GoogleNet at batch 8: backward (~seconds) is much longer than all-reduce of its
-    27 MB gradient, so Horovod's hooks hide most of the communication behind it."""
+    """Full AlexNet at batch 4, Horovod's defaults (128 MB fusion, 1 ms cycle): the
+    fully-connected layers' gradients (235 of its 244 MB) are final in the first moments of
+    backward, so their all-reduce can run behind the convolutions' backward, and the
+    all-reduce is long enough against backward that the overlap stands out of the noise of a
+    shared machine. (GoogleNet's 27 MB all-reduce is a few percent of its backward here: the
+    overlap fraction then is mostly noise.) Loopback communication costs CPU that backward also
+    wants, so on 2 cores it cannot hide completely; measured on a loaded 2-core machine:
+    0.16-0.36."""
     out = tmp_path / "overlap"
-    config = RunConfig(run_id="overlap", framework="horovod", mode="gloo", model="googlenet",
-                       batch_per_worker=8, workers_per_node=2, warmup=1, iterations=2,
-                       repeats=1, profile_iterations=3, dropout=False,
-                       options={"fusion_mb": 4}, rank_dir=str(out),
+    config = RunConfig(run_id="overlap", framework="horovod", mode="gloo", model="alexnet",
+                       batch_per_worker=4, workers_per_node=2, warmup=1, iterations=1,
+                       repeats=1, profile_iterations=5, dropout=False, rank_dir=str(out),
                        record_path=str(out / "record.json"))
-    outcome = run_local(config, horovod_python, out, "horovod", REPO_ROOT, timeout=600)
+    outcome = run_local(config, horovod_python, out, "horovod", REPO_ROOT, timeout=900)
     assert outcome.status == "ok", outcome.error
     record = json.loads((out / "record.json").read_text())
     phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
     backward_comm = record["extra"]["profile_backward_comm"]
-    print(f"horovod:gloo googlenet b8 x2: backward {phases['backward']:.3f} s, "
-          f"comm after backward {phases['comm']:.3f} s, backward+comm overlapped "
-          f"{backward_comm:.3f} s -> overlap {record['overlap']:.2f}; "
-          f"iteration {record['iter_time_median']:.3f} s; extra {record['extra']['fusion_mb']} MB "
-          f"fusion, {record['extra']['cycle_ms']} ms cycle")
+    print(f"horovod:gloo alexnet b4 x2: backward {phases['backward']:.3f} s, all-reduce after "
+          f"backward {phases['comm']:.3f} s, backward with overlapped all-reduce "
+          f"{backward_comm:.3f} s -> overlap {record['overlap']:.2f}; per-rank comm "
+          f"{[round(c, 3) for c in record['extra']['rank_comm_s']]}; "
+          f"iteration {record['iter_time_median']:.3f} s")
     assert record["extra"]["backend"] == "horovod-gloo"
-    assert record["overlap"] is not None and record["overlap"] > 0.3
+    from analysis.perfmodel import Scheme
+
+    scheme = Scheme.from_dict(record["extra"]["comm_scheme"])  # the model can read it
+    assert scheme.overlap and scheme.merge == "greedy" and scheme.bucket_bytes == 128 * 2 ** 20
+    assert record["extra"]["layer_backward_source"] == "hooks"  # per-layer times were measured
+    assert record["overlap"] is not None and record["overlap"] > 0.1
+
+
+@pytest.mark.slow
+def test_calibration_times_horovods_own_allreduce(tmp_path, horovod_python):
+    out = tmp_path / "calibrate"
+    config = RunConfig(run_id="calibrate", framework="horovod", mode="gloo", model="alexnet-tiny",
+                       batch_per_worker=2, workers_per_node=2, rank_dir=str(out),
+                       record_path=str(out / "calibration.json"),
+                       calibrate={"sizes": [4096, 4 * 2 ** 20], "repeats": 3})
+    outcome = run_local(config, horovod_python, out, "horovod", REPO_ROOT, timeout=300)
+    assert outcome.status == "ok", outcome.error
+    result = json.loads((out / "calibration.json").read_text())
+    small, large = (result["collective"][str(n)] for n in (4096, 4 * 2 ** 20))
+    print(f"horovod:gloo all-reduce, 2 ranks: 4 KiB {min(small) * 1e3:.2f} ms, "
+          f"4 MiB {min(large) * 1e3:.2f} ms")
+    assert len(small) == len(large) == 3 and min(large) > min(small) > 0

@@ -183,6 +183,16 @@ def test_greedy_merging_saves_latency_only_when_it_does_not_delay():
     assert [m.nbytes for m in apart] == [1, 1]
 
 
+def test_greedy_merging_respects_a_fusion_cap_and_cycle():
+    alpha_only = pm.comm_time_function("p2p", 2, pm.LinkCost(alpha=1.0))
+    messages = pm.group_by_tensor(grads([2, 2, 2], [0.0, 0.1, 0.2]))
+    assert [m.nbytes for m in pm.merge_greedy(messages, alpha_only, cap=4)] == [4, 2]
+    # Horovod-like: 10 ms cycle -> every message waits 5 ms on average
+    scheme = pm.Scheme.from_dict({"overlap": True, "granularity": "tensor", "cycle_ms": 10.0})
+    assert scheme.cycle_s == pytest.approx(0.01)
+    assert [m.ready for m in scheme.messages(grads([1, 1], [0.0, 1.0]), alpha_only)] == pytest.approx([0.005, 1.005])
+
+
 def profile(layer_backward, sizes, io=0.0, h2d=0.0, forward=1.0, update=0.1):
     tau = pm.ready_times(layer_backward)
     return pm.Profile(io, h2d, forward, tau[-1], update, tuple(grads(sizes, tau)))

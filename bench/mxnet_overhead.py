@@ -1,0 +1,138 @@
+"""Benchmark: what the MXNet adapter costs against a plain hand-written Gluon loop, and what
+profile mode costs against throughput mode.
+
+    python -m bench.mxnet_overhead [--models alexnet,googlenet,resnet50] [--batch N]
+
+Runs in the MXNet environment (it re-executes itself there). Both loops train the same
+hybridized Gluon network (built from the same description by adapters.mxnet.Network, same
+canonical weights, same batch already in MXNet memory, same threads), one process, one CPU
+context, no kvstore (Gluon's own single-device path). The plain loop is the textbook one:
+
+    with autograd.record(): loss = loss_fn(net(x), y)
+    loss.backward(); trainer.step(batch)
+
+The adapter's `step()` adds its input iterator and the Bessel correction of BatchNorm's
+running variance (adapters/mxnet.py UnbiasedRunningVar). Rounds are interleaved so machine
+noise hits both alike; the ratio is of medians. Target: adapter / plain <= 1.05. Without
+--batch each model runs at the campaign's default CPU batch (launchers/plan.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def plain_loop_seconds(network, trainer, loss_fn, images, labels, batch: int,
+                       iterations: int) -> float:
+    from mxnet import autograd
+    import mxnet as mx
+
+    start = time.perf_counter()
+    for _ in range(iterations):
+        with autograd.record():
+            loss = loss_fn(network(images), labels)
+        loss.backward()
+        trainer.step(batch)
+    mx.nd.waitall()
+    return (time.perf_counter() - start) / iterations
+
+
+def adapter_seconds(trainer, iterations: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        trainer.step()
+    trainer.sync()
+    return (time.perf_counter() - start) / iterations
+
+
+def profile_seconds(trainer, iterations: int) -> float:
+    total = 0.0
+    for _ in range(iterations):
+        total += sum(trainer.profile_step(overlapped=False).values())
+    return total / iterations
+
+
+def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) -> dict:
+    import mxnet as mx
+    from mxnet import gluon
+
+    from adapters.base import DistInfo, RunConfig
+    from adapters.data import synthetic_batch
+    from adapters.mxnet import MXNetTrainer, Network, mkldnn_active
+    from models import canonical_weights, get_model
+
+    spec = get_model(model)
+    weights = canonical_weights(spec)
+    config = RunConfig(run_id="bench", framework="mxnet", mode="local", model=model,
+                       batch_per_worker=batch, threads_per_worker=threads)
+    adapter = MXNetTrainer(spec, config, DistInfo())
+    adapter.load_weights(weights)
+
+    network = Network(spec, dropout=True, mkldnn=mkldnn_active())
+    network.initialize(mx.init.Zero(), ctx=mx.cpu())
+    for name, param in network.params_by_name.items():
+        param.set_data(mx.nd.array(weights[name]))
+    network.hybridize(static_alloc=True, static_shape=True)
+    plain = gluon.Trainer(network.collect_params(), "sgd",
+                          {"learning_rate": 0.01, "momentum": 0.9}, kvstore="local")
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    images, labels = synthetic_batch(0, 0, batch, spec.input_shape, spec.num_classes)
+    images, labels = mx.nd.array(images), mx.nd.array(labels, dtype="float32")
+
+    plain_loop_seconds(network, plain, loss_fn, images, labels, batch, 2)  # warm-up both
+    adapter_seconds(adapter, 2)
+    plain_s, adapter_s, profile_s = [], [], []
+    for _ in range(rounds):
+        plain_s.append(plain_loop_seconds(network, plain, loss_fn, images, labels, batch,
+                                          iterations))
+        adapter_s.append(adapter_seconds(adapter, iterations))
+        profile_s.append(profile_seconds(adapter, iterations))
+    result = {"model": model, "batch": batch, "threads": threads,
+              "plain_s": statistics.median(plain_s), "adapter_s": statistics.median(adapter_s),
+              "profile_s": statistics.median(profile_s),
+              "plain_rounds": plain_s, "adapter_rounds": adapter_s}
+    result["adapter_over_plain"] = result["adapter_s"] / result["plain_s"]
+    result["profile_over_throughput"] = result["profile_s"] / result["adapter_s"]
+    adapter.close()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="per-step batch (default: the campaign's CPU default per model)")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if "mxnet" not in sys.modules and os.environ.get("DLCOMPARE_BENCH_IN_ENV") != "1":
+        from launchers.envs import REPO_ROOT, ensure_environment
+
+        env = ensure_environment("mxnet", log=print)
+        os.environ.update(DLCOMPARE_BENCH_IN_ENV="1", PYTHONPATH=str(REPO_ROOT))
+        os.execv(str(env.python), [str(env.python), "-m", "bench.mxnet_overhead", *sys.argv[1:]])
+    threads = os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # before MXNet starts its engine
+    import platform
+
+    import mxnet as mx
+
+    from launchers.plan import default_batch
+
+    print(json.dumps({"python": platform.python_version(), "mxnet": mx.__version__,
+                      "cpu_count": threads, "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+                      "mkldnn": os.environ.get("MXNET_MKLDNN_ENABLED", "1")}))
+    for model in args.models.split(","):
+        batch = args.batch or default_batch(model, "cpu")
+        print(json.dumps(measure(model, batch, args.iterations, args.rounds, threads)),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

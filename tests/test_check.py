@@ -1,0 +1,49 @@
+"""`python -m adapters.check`: the cross-framework conformance command, as a user runs it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def assert_one_line_error(result, needle: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("dlcompare: error:"), result.stderr
+    assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--frameworks", "torch,caffe3", "--model", "alexnet-tiny"], "caffe3"),
+    (["--frameworks", "torch,tf:nope", "--model", "alexnet-tiny"], "nope"),
+    (["--frameworks", "torch", "--model", "alexnet-tiny"], "at least two"),
+    (["--frameworks", "torch,tf", "--model", "vgg99"], "vgg99"),
+    (["--frameworks", "torch,tf", "--model", "alexnet-tiny", "--batch", "0"], "--batch"),
+    (["--frameworks", "torch,tf", "--model", "alexnet-tiny", "--tolerance", "-1"],
+     "--tolerance"),
+    (["--frameworks", "torch,tf"], "--model"),
+    (["--model", "alexnet-tiny", "--frobnicate"], "--frobnicate"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    assert_one_line_error(run_cli("adapters.check", *args, timeout=120), needle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny", "resnet50-tiny"])
+def test_torch_and_tf_agree_on_tiny_models(torch_python, tf_python, model):
+    result = run_cli("adapters.check", "--frameworks", "torch,tf", "--model", model)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "torch:ddp vs tf:collective" in result.stdout
+    assert f"PASS: {model}" in result.stdout
+    assert "gradient relative L2 error, max over" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_real_disagreement_fails(torch_python, tf_python):
+    """A limit no two float32 implementations meet: the command must say FAIL and exit 1."""
+    result = run_cli("adapters.check", "--frameworks", "torch,tf", "--model", "alexnet-tiny",
+                     "--tolerance", "1e-30")
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "FAIL" in result.stdout

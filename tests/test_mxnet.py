@@ -1,0 +1,433 @@
+"""The MXNet adapter: kvstore names, the ps-lite rendezvous, the Gluon build of the shared
+description, equivalence with PyTorch, dist_sync over loopback (1 and 2 servers), in-process
+kvstores, the RecordIO input path, and failure of any ps-lite role.
+
+Everything that needs MXNet runs in the MXNet environment (envs/mxnet.txt) as a subprocess:
+this test process (the launcher's environment) never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.base import RunConfig
+from adapters.registry import UnknownFramework, framework_info, parse_framework_mode
+from launchers.envs import REPO_ROOT
+from launchers.local import run_local
+from launchers.rendezvous import processes_for
+from tests.conftest import run_cli, worker_processes
+
+FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
+
+
+def run_in_env(python: str, code: str, timeout: float = 600) -> str:
+    """Run `code` in the MXNet environment from the repository root; returns its stdout."""
+    result = subprocess.run([python, "-c", textwrap.dedent(code)], cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def load(path: Path) -> dict:
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+# ----------------------------------------------------------------------------- names and plans
+
+@pytest.mark.parametrize("mode", ["horovod", "dist_async", "dist_sync_typo", "Local"])
+def test_unknown_kvstore_names_are_rejected_by_the_registry(mode):
+    with pytest.raises(UnknownFramework, match="unknown mode"):
+        parse_framework_mode(f"mxnet:{mode}")
+
+
+def test_kvstore_modes_and_their_servers():
+    info, mode = parse_framework_mode("mxnet")
+    assert mode == "dist_sync" and info.rendezvous == "dmlc" and info.env == "mxnet"
+    assert set(info.modes) == {"local", "device", "nccl", "dist_sync", "dist_device_sync"}
+    assert set(info.server_modes) == {"dist_sync", "dist_device_sync"}
+    assert set(info.synchronous_modes) == set(info.modes)
+
+
+def test_bad_kvstore_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    result = run_cli("launchers.compare", "--frameworks", "mxnet:horovod", "--model",
+                     "alexnet-tiny", "--out", str(tmp_path / "c"), "--dry-run")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "unknown mode 'horovod' for mxnet" in result.stderr
+
+
+def test_plan_expands_servers_only_for_server_modes(tmp_path):
+    result = run_cli("launchers.compare", "--frameworks", "mxnet:dist_sync,mxnet:local",
+                     "--model", "alexnet-tiny", "--workers", "1,2", "--servers", "1,2",
+                     "--out", str(tmp_path / "c"), "--dry-run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = result.stderr + result.stdout
+    for workers in (1, 2):
+        for servers in (1, 2):
+            assert f"mxnet-dist_sync-alexnet-tiny-1x{workers}-ps{servers}-" in plan
+        assert f"mxnet-local-alexnet-tiny-1x{workers}-b" in plan
+    assert "mxnet-local-alexnet-tiny-1x2-ps" not in plan
+
+
+# ----------------------------------------------------------------------------- rendezvous
+
+def config_for(mode: str, workers: int, servers: int, **extra) -> RunConfig:
+    return RunConfig(run_id="r", framework="mxnet", mode=mode, model="alexnet-tiny",
+                     batch_per_worker=2, workers_per_node=workers, servers=servers, **extra)
+
+
+def test_dist_rendezvous_has_scheduler_servers_and_workers_on_loopback():
+    specs = processes_for("dmlc", config_for("dist_sync", workers=2, servers=2))
+    assert [s.name for s in specs] == ["scheduler0", "server0", "server1", "worker0", "worker1"]
+    ports = {s.env["DMLC_PS_ROOT_PORT"] for s in specs}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    for spec in specs:
+        env = spec.env
+        assert env["DMLC_ROLE"] == spec.role == env["DLC_ROLE"]
+        assert env["DMLC_PS_ROOT_URI"] == "127.0.0.1"
+        assert env["DMLC_NODE_HOST"] == "127.0.0.1" and env["DMLC_INTERFACE"] == "lo"
+        assert env["DMLC_NUM_SERVER"] == "2" and env["DMLC_NUM_WORKER"] == "2"
+    workers = [s for s in specs if s.is_worker]
+    assert [(w.env["DLC_RANK"], w.env["DLC_WORLD_SIZE"]) for w in workers] == [("0", "2"),
+                                                                             ("1", "2")]
+    assert [s.env["DLC_ROLE_INDEX"] for s in specs if s.role == "server"] == ["0", "1"]
+
+
+def test_in_process_kvstores_are_one_process_without_ps_lite():
+    for mode in ("local", "device", "nccl"):
+        specs = processes_for("dmlc", config_for(mode, workers=2, servers=0))
+        assert len(specs) == 1 and specs[0].is_worker
+        assert specs[0].env["DLC_WORLD_SIZE"] == "1"
+        assert not any(key.startswith("DMLC_") for key in specs[0].env)
+
+
+def test_rendezvous_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="at least one parameter server"):
+        processes_for("dmlc", config_for("dist_sync", workers=2, servers=0))
+    with pytest.raises(ValueError, match="one process on one node|one node from one process"):
+        processes_for("dmlc", config_for("local", workers=2, servers=0, nodes=2))
+    with pytest.raises(ValueError, match="no ps-lite rendezvous"):
+        processes_for("dmlc", config_for("horovod", workers=1, servers=1))
+
+
+# ----------------------------------------------------------------------------- in the environment
+
+@pytest.mark.slow
+def test_adapter_rejects_names_mxnet_would_accept(mxnet_python):
+    out = run_in_env(mxnet_python, """
+        import mxnet as mx
+        from adapters.mxnet import check_mode
+        # MXNet itself accepts any name without a word (a local store behind it):
+        store = mx.kv.create("horovod")
+        print("mxnet made:", store.type, store.num_workers)
+        for name in ("horovod", "dist_async", "nonsense"):
+            try:
+                check_mode(name)
+            except ValueError as error:
+                print("rejected", name, "-", error)
+        for name in ("local", "device", "nccl", "dist_sync", "dist_device_sync"):
+            check_mode(name)
+        """)
+    assert "mxnet made: horovod 1" in out
+    for name in ("horovod", "dist_async", "nonsense"):
+        assert f"rejected {name}" in out
+
+
+@pytest.mark.slow
+def test_gluon_build_matches_the_description_shapes(mxnet_python):
+    """Every leaf's output shape in the Gluon network equals the description's shape
+    inference, for the tiny and the full models (Caffe's ceil-mode pools included)."""
+    out = run_in_env(mxnet_python, """
+        import mxnet as mx
+        from adapters.mxnet import Network
+        from models import MODEL_NAMES, get_model
+        for name in MODEL_NAMES:
+            spec = get_model(name)
+            net = Network(spec, dropout=True)
+            net.initialize(mx.init.Xavier())
+            seen = {}
+            for leaf_name, leaf in net.leaves.items():
+                leaf.register_forward_hook(
+                    lambda block, inputs, output, n=leaf_name: seen.__setitem__(n, output.shape))
+            logits = net(mx.nd.zeros((1, *spec.input_shape)))
+            expected = spec.output_shapes()
+            bad = [(n, s[1:], expected[n]) for n, s in seen.items() if tuple(s[1:]) != expected[n]]
+            assert not bad, (name, bad[:5])
+            assert logits.shape == (1, spec.num_classes)
+            params = sum(p.data().size for n, p in net.params_by_name.items()
+                         if not n.endswith(("running_mean", "running_var")))
+            assert params == spec.total_params, (name, params, spec.total_params)
+            print(name, len(seen), "leaves ok", params)
+        """)
+    assert out.count("leaves ok") == 6
+
+
+@pytest.mark.slow
+def test_composite_lrn_is_caffes_lrn_forward_and_backward(mxnet_python):
+    """The LRN used under MKL-DNN (see adapters/mxnet.py LRN) against Caffe's formula and its
+    analytic gradient in float64, with a large alpha so a wrong cross-channel term shows."""
+    out = run_in_env(mxnet_python, """
+        import numpy as np, mxnet as mx
+        from mxnet import autograd
+        from adapters.mxnet import LRN
+        from models import LRN as Spec
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2, 16, 5, 5))
+        g = rng.standard_normal(x.shape)
+        n, alpha, beta, k = 5, 0.5, 0.75, 2.0
+        C = x.shape[1]
+        sq = np.pad(x ** 2, ((0, 0), (n // 2, n // 2), (0, 0), (0, 0)))
+        s = k + alpha / n * sum(sq[:, i:i + C] for i in range(n))
+        y = x * s ** -beta
+        t = np.pad(g * x * s ** (-beta - 1), ((0, 0), (n // 2, n // 2), (0, 0), (0, 0)))
+        dx = g * s ** -beta - 2 * alpha * beta / n * x * sum(t[:, i:i + C] for i in range(n))
+        block = LRN(Spec("norm", n, alpha, beta, k), x.shape[1:], composite=True)
+        block.hybridize()
+        xs = mx.nd.array(x, dtype="float32"); xs.attach_grad()
+        with autograd.record():
+            out = block(xs)
+        out.backward(mx.nd.array(g, dtype="float32"))
+        ey = np.abs(out.asnumpy() - y).max() / np.abs(y).max()
+        ex = np.abs(xs.grad.asnumpy() - dx).max() / np.abs(dx).max()
+        print(f"forward {ey:.2e} backward {ex:.2e}")
+        assert ey < 1e-5 and ex < 1e-5
+        """)
+    print(out)
+
+
+def check_run(tmp: Path, python: str, mode: str, model: str, workers: int, batch: int,
+              servers: int, steps: int = 1, timeout: float = 300) -> Path:
+    """Run the worker in equivalence mode through the launcher; returns the dump folder."""
+    out = tmp / f"{mode}-{model}-w{workers}-s{servers}"
+    config = RunConfig(run_id=out.name, framework="mxnet", mode=mode, model=model,
+                       batch_per_worker=batch, workers_per_node=workers, servers=servers,
+                       dropout=False, threads_per_worker=1, rank_dir=str(out),
+                       check={"steps": steps, "out_dir": str(out)})
+    outcome = run_local(config, python, out, "dmlc", REPO_ROOT, timeout=timeout)
+    assert outcome.status == "ok", outcome.error
+    return out
+
+
+def assert_two_equal_one(two: Path, one: Path, model: str, ranks: int = 2) -> None:
+    """Every parameter bit-identical on every rank, equal to one worker on the global batch,
+    and really moved by the step (a no-op step would also be "equal"). Models without batch
+    norm: with it, each worker normalises by its own half of the batch, which is not the
+    global batch's statistics in any framework without synchronised BN."""
+    from models import canonical_weights, get_model
+
+    spec = get_model(model)
+    assert not spec.buffer_shapes(), "batch-norm models differ from the global batch by design"
+    weights = [load(two / f"weights_rank{r}.npz") for r in range(ranks)]
+    single = load(one / "weights_rank0.npz")
+    assert weights[0].keys() == single.keys() == set(spec.parameter_shapes())
+    worst = 0.0
+    for name in single:
+        for other in weights[1:]:
+            assert np.array_equal(weights[0][name], other[name]), f"ranks differ in {name}"
+        np.testing.assert_allclose(weights[0][name], single[name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        worst = max(worst, float(np.max(np.abs(weights[0][name] - single[name]))))
+    initial = canonical_weights(spec)
+    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
+    print(f"{two.name}: max |{ranks} workers - 1 worker| = {worst:.2e}, "
+          f"max step change = {moved:.2e}")
+    assert moved > 100 * max(worst, 1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("servers,model", [(1, "googlenet-tiny"), (2, "alexnet-tiny")])
+def test_dist_sync_two_workers_equal_one_worker_on_the_global_batch(tmp_path, mxnet_python,
+                                                                    monkeypatch, servers,
+                                                                    model):
+    """2 steps, so the servers' momentum state takes part. With 2 servers every tensor over
+    1000 values is split over both (MXNET_KVSTORE_BIGARRAY_BOUND, default 1e6, would leave
+    the tiny models' tensors whole on one server or the other)."""
+    if servers > 1:
+        monkeypatch.setenv("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")
+    two = check_run(tmp_path, mxnet_python, "dist_sync", model, workers=2, batch=4,
+                    servers=servers, steps=2)
+    one = check_run(tmp_path, mxnet_python, "dist_sync", model, workers=1, batch=8,
+                    servers=1, steps=2)
+    assert_two_equal_one(two, one, model)
+
+
+@pytest.mark.slow
+def test_in_process_kvstore_two_devices_equal_one_on_the_global_batch(tmp_path, mxnet_python):
+    """kvstore local with two CPU contexts in one process against one context (device)."""
+    two = check_run(tmp_path, mxnet_python, "local", "googlenet-tiny", workers=2, batch=4,
+                    servers=0, steps=2)
+    one = check_run(tmp_path, mxnet_python, "device", "googlenet-tiny", workers=1, batch=8,
+                    servers=0, steps=2)
+    assert_two_equal_one(two, one, "googlenet-tiny", ranks=1)
+
+
+@pytest.mark.slow
+def test_nccl_without_gpus_is_recorded_as_unavailable(tmp_path, mxnet_python):
+    out = tmp_path / "nccl"
+    config = RunConfig(run_id="nccl", framework="mxnet", mode="nccl", model="alexnet-tiny",
+                       batch_per_worker=2, rank_dir=str(out), record_path=str(out / "r.json"))
+    outcome = run_local(config, mxnet_python, out, "dmlc", REPO_ROOT, timeout=120)
+    assert outcome.status == "unavailable", outcome
+    assert "nccl" in outcome.error.lower()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny", "resnet50-tiny"])
+def test_same_loss_gradients_and_step_as_pytorch(model, mxnet_python, torch_python):
+    """adapters.check (one worker each, same weights and batch): loss, every gradient and the
+    one-step change of every parameter and BN statistic within its tolerance, against torch
+    DDP, for the default (dist_sync, through a real server) and the local kvstore."""
+    result = run_cli("adapters.check", "--frameworks", "torch,mxnet,mxnet:local",
+                     "--model", model)
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "PASS" in result.stdout
+
+
+# ----------------------------------------------------------------------------- files
+
+@pytest.mark.slow
+def test_recordio_path_packs_the_same_jpegs_and_decodes_like_the_others(tmp_path,
+                                                                         mxnet_python):
+    """The data set's JPEG bytes go into RecordIO unchanged; ImageRecordIter's centre crop
+    and normalisation give what adapters.data.decode_jpeg gives (up to the two JPEG
+    decoders' rounding)."""
+    from adapters.data import make_jpeg_dataset
+    from models import get_model
+
+    root = make_jpeg_dataset(tmp_path / "jpegs", get_model("alexnet-tiny"), images_per_class=2)
+    out = run_in_env(mxnet_python, f"""
+        import numpy as np, mxnet as mx
+        from pathlib import Path
+        from adapters.base import DistInfo, RunConfig
+        from adapters.data import decode_jpeg, list_jpeg_dataset
+        from adapters.mxnet import RecordBatches, pack_recordio
+        from models import get_model
+        root = {str(root)!r}
+        items = list_jpeg_dataset(root)
+        rec, idx = pack_recordio(root)
+        reader = mx.recordio.MXIndexedRecordIO(str(idx), str(rec), "r")
+        for i, (path, label) in enumerate(items):
+            header, payload = mx.recordio.unpack(reader.read_idx(i))
+            assert payload == Path(path).read_bytes() and header.label == label
+        spec = get_model("alexnet-tiny")
+        config = RunConfig(run_id="f", framework="mxnet", mode="local", model=spec.name,
+                           batch_per_worker=len(items), data="files", data_dir=root,
+                           loader_workers=1)
+        images, labels = next(RecordBatches(spec, config, DistInfo(), [mx.cpu()]))
+        images, labels = images.asnumpy(), labels.asnumpy()
+        reference = [(decode_jpeg(p, 96, 96), l) for p, l in items]
+        worst = 0.0
+        for image, label in zip(images, labels):
+            best = min(np.abs(image - ref).mean() for ref, l in reference if l == label)
+            worst = max(worst, best)
+        print("images", len(images), "worst mean abs difference", worst)
+        assert images.shape == (len(items), 3, 96, 96) and worst < 0.02
+        assert sorted(labels.astype(int)) == sorted(l for _, l in items)
+        """)
+    print(out)
+
+
+@pytest.mark.slow
+def test_files_run_through_dist_sync_records_the_input_path(tmp_path, mxnet_python):
+    from adapters.data import make_jpeg_dataset
+    from models import get_model
+
+    root = make_jpeg_dataset(tmp_path / "jpegs", get_model("alexnet-tiny"), images_per_class=4)
+    out = tmp_path / "run"
+    config = RunConfig(run_id="files", framework="mxnet", mode="dist_sync",
+                       model="alexnet-tiny", batch_per_worker=4, workers_per_node=2, servers=1,
+                       warmup=1, iterations=2, repeats=1, profile_iterations=1, data="files",
+                       data_dir=str(root), loader_workers=1, rank_dir=str(out),
+                       record_path=str(out / "record.json"))
+    outcome = run_local(config, mxnet_python, out, "dmlc", REPO_ROOT, timeout=300)
+    assert outcome.status == "ok", outcome.error
+    record = json.loads((out / "record.json").read_text())
+    assert record["status"] == "ok" and record["data"] == "files" and record["servers"] == 1
+    assert record["extra"]["input"] == "RecordIO + ImageRecordIter"
+    assert record["extra"]["kvstore"] == "dist_sync"
+
+
+# ----------------------------------------------------------------------------- campaigns
+
+@pytest.mark.slow
+def test_compare_torch_and_mxnet_side_by_side(tmp_path, torch_python, mxnet_python):
+    out = tmp_path / "side"
+    result = run_cli("launchers.compare", "--frameworks", "torch,mxnet", "--model",
+                     "resnet50-tiny", "--workers", "1,2", "--out", str(out), *FAST)
+    assert result.returncode == 0, result.stderr[-4000:]
+    with sqlite3.connect(out / "results.sqlite") as db:
+        rows = db.execute("SELECT framework, mode, world_size, servers, status FROM runs "
+                          "ORDER BY framework, world_size").fetchall()
+    assert rows == [("mxnet", "dist_sync", 1, 1, "ok"), ("mxnet", "dist_sync", 2, 1, "ok"),
+                    ("torch", "ddp", 1, 0, "ok"), ("torch", "ddp", 2, 0, "ok")]
+    report = (out / "report.html").read_text()
+    assert "MXNet" in report and "PyTorch DDP" in report
+    assert worker_processes(str(out)) == []
+
+
+def role_processes(marker: str, role: str) -> list:
+    found = []
+    for process in worker_processes(marker):
+        try:
+            if process.environ().get("DLC_ROLE") == role:
+                found.append(process)
+        except Exception:  # noqa: BLE001 - gone or not ours
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["server", "scheduler"])
+def test_a_ps_lite_role_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path, mxnet_python,
+                                                                       role):
+    out = tmp_path / f"kill-{role}"
+    timeout = 120
+    command = ["launchers.compare", "--frameworks", "mxnet:dist_sync", "--model",
+               "alexnet-tiny", "--workers", "2", "--servers", "2", "--out", str(out),
+               "--timeout", str(timeout), "--iterations", "100000", "--repeats", "1",
+               "--warmup", "1", "--profile-iterations", "1"]
+    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    import sys
+
+    started = time.monotonic()
+    cli = subprocess.Popen([sys.executable, "-m", *command], cwd=REPO_ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = None
+        while time.monotonic() - started < timeout:  # wait until the workers are stepping
+            progress = list(out.glob("runs/*/progress"))
+            victims = role_processes(str(out), role)
+            if progress and victims and int(progress[0].read_text().split()[0]) >= 3:
+                victim = victims[0]
+                break
+            assert cli.poll() is None, cli.communicate()
+            time.sleep(0.2)
+        assert victim is not None, "the run never got going"
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        stdout, stderr = cli.communicate(timeout=timeout + 120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 1, stderr[-3000:]
+    with sqlite3.connect(out / "results.sqlite") as db:
+        (status, error, duration), = db.execute("SELECT status, error, duration_s FROM runs")
+    assert status == "failed", (status, error)
+    assert f"{role} " in error.splitlines()[0] and "killed by signal 9" in error.splitlines()[0]
+    assert duration < timeout
+    print(f"{role} killed: run ended {time.monotonic() - killed:.1f} s later "
+          f"(the campaign included its report), recorded: {error.splitlines()[0]!r}")
+    assert worker_processes(str(out)) == []

@@ -1,0 +1,321 @@
+"""The model applied: a prediction for every stored run, the study's tables, the what-if CLI,
+and (slow) the model against real 2-rank loopback campaigns of every synchronous scheme."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis import perfmodel as pm
+from analysis import predict, report, tables
+from analysis.calibration import CalibrationFit
+from analysis.store import ResultStore
+from models import get_model
+from tests.conftest import run_cli
+from tests.test_analysis_data import make_campaign, make_record
+
+MODEL = "alexnet-tiny"
+SPEC = get_model(MODEL)
+LAYERS = [name for name, _ in SPEC.gradient_sizes_backward()]  # fc8 ... conv1
+TENSORS = [(name, 4 * math.prod(shape)) for name, shape in reversed(list(SPEC.parameter_shapes().items()))]
+TOTAL_BYTES = sum(n for _, n in TENSORS)
+PHASES = {"io": 0.001, "h2d": 0.0, "forward": 0.020, "backward": 0.040, "comm": 0.005, "update": 0.002}
+ALPHA, BETA = 50e-6, 2e-9
+
+
+def record(framework="torch", mode="ddp", world_size=2, scheme=None, t_iter=0.070, **overrides):
+    """A run of alexnet-tiny whose layers take 5 ms of backward each (8 layers = 40 ms)."""
+    rec = make_record("PyTorch DDP" if framework == "torch" else framework, framework, mode, world_size, t_iter,
+                      run_id=f"{framework}-{mode}-w{world_size}", model=MODEL, **overrides)
+    rec["phases"] = [{"phase": p, "measured_s": (v if world_size > 1 or p != "comm" else 0.0), "predicted_s": None}
+                     for p, v in PHASES.items()]
+    rec["extra"] = {"layer_backward_s": [[name, 0.005] for name in LAYERS], "layer_backward_source": "hooks"}
+    if scheme is not None:
+        rec["extra"]["comm_scheme"] = scheme
+    rec["predicted_iter_time"] = rec["prediction_error"] = None
+    return rec
+
+
+def calibration(framework="torch", transport="gloo", world_size=2, gamma=0.0) -> CalibrationFit:
+    # ring on p = 2: T(n) = 2 alpha + n (beta + gamma / 2)
+    return CalibrationFit(framework, "ddp", transport, "allreduce", "ring", "cpu", 1, world_size, world_size, 0,
+                          2 * ALPHA, BETA + gamma / 2, 0.01, ALPHA, BETA, gamma, 17, 10)
+
+
+WHOLE = {"overlap": False, "granularity": "whole", "algorithm": "ring", "transport": "gloo"}
+TENSOR_WFBP = {"overlap": True, "granularity": "tensor", "algorithm": "ring", "transport": "mpi"}
+
+
+# --------------------------------------------------------------------------- per run
+
+def test_whole_gradient_after_backward_by_hand():
+    item = predict.predict_record(record(scheme=WHOLE), [calibration()])
+    t_c = 2 * ALPHA + TOTAL_BYTES * BETA
+    expected = 0.001 + 0.020 + 0.040 + t_c + 0.002
+    assert item["predicted_iter_time"] == pytest.approx(expected)
+    assert item["prediction_error"] == pytest.approx((expected - 0.070) / 0.070)
+    assert item["phases"]["comm"] == pytest.approx(t_c)
+    assert item["prediction"]["basis"] == "calibrated"
+    assert item["prediction"]["comm_exposed_s"] == pytest.approx(t_c)
+    assert item["prediction"]["scheme"]["assumed"] is False
+
+
+def test_layerwise_overlap_follows_the_wfbp_recurrence():
+    item = predict.predict_record(record(framework="caffe-mpi-style", mode="mpi", scheme=TENSOR_WFBP),
+                                  [calibration("caffe-mpi-style", "mpi")])
+    # tensors in reverse parameter order, each ready when its layer's backward is done
+    ready = {name: 0.005 * (k + 1) for k, name in enumerate(LAYERS)}
+    schedule = pm.wfbp_schedule([ready[t.rsplit(".", 1)[0]] for t, _ in TENSORS],
+                                [2 * ALPHA + n * BETA for _, n in TENSORS])
+    expected = 0.001 + 0.020 + max(0.040, schedule[-1][1]) + 0.002
+    assert item["predicted_iter_time"] == pytest.approx(expected)
+    timeline = item["prediction"]["timeline"]
+    assert len(timeline["transfers"]) == len(TENSORS) and len(timeline["layers"]) == len(LAYERS)
+    assert timeline["backward_start"] == pytest.approx(0.021)
+    assert item["phases"]["comm"] == pytest.approx(sum(2 * ALPHA + n * BETA for _, n in TENSORS))
+
+
+def test_without_calibration_the_measured_comm_is_spread_over_the_bytes():
+    item = predict.predict_record(record(scheme=WHOLE), [])
+    assert item["prediction"]["basis"] == predict.BASIS_MEASURED
+    assert item["phases"]["comm"] == pytest.approx(PHASES["comm"])
+    assert item["predicted_iter_time"] == pytest.approx(sum(PHASES.values()))
+
+
+def test_single_worker_and_unknown_scheme_and_failed_runs():
+    single = predict.predict_record(record(world_size=1, scheme=WHOLE), [])
+    assert single["prediction"]["basis"] == predict.BASIS_SINGLE
+    assert single["predicted_iter_time"] == pytest.approx(0.063)
+    assumed = predict.predict_record(record(scheme=None), [calibration()])
+    assert assumed["prediction"]["scheme"]["assumed"] is True and assumed["prediction"]["basis"] == "calibrated"
+    failed = record(scheme=WHOLE)
+    failed["status"] = "failed"
+    assert predict.predict_record(failed, [calibration()]) is None
+    no_profile = record(scheme=WHOLE)
+    no_profile["phases"] = []
+    assert predict.predict_record(no_profile, []) is None
+
+
+def test_flop_split_when_the_record_has_no_layer_times():
+    rec = record(scheme=WHOLE)
+    rec["extra"].pop("layer_backward_s")
+    item = predict.predict_record(rec, [calibration()])
+    assert item["prediction"]["layer_source"] == "flop-share (analysis)"
+    layers = item["prediction"]["timeline"]["layers"]
+    assert layers[-1][2] - layers[0][1] == pytest.approx(0.040)
+
+
+def test_slowest_rank_profile_is_used_when_kept():
+    rec = record(scheme=WHOLE)
+    rec["extra"]["rank_phases_s"] = [{**PHASES, "forward": 0.010}, {**PHASES, "backward": 0.050}]
+    item = predict.predict_record(rec, [calibration()])
+    assert item["phases"]["backward"] == pytest.approx(0.050) and item["phases"]["forward"] == pytest.approx(0.020)
+
+
+def test_refresh_writes_predictions_into_the_store(tmp_path):
+    with ResultStore.for_campaign(tmp_path) as store:
+        store.add(record(world_size=1, scheme=WHOLE, t_iter=0.063))
+        store.add(record(scheme=WHOLE))
+        failed = record(framework="cntk-style", mode="allreduce", scheme=WHOLE)
+        failed.update(status="failed", error="boom")
+        store.add(failed)
+        store.add_calibration(calibration(), {1024: [1e-4], 2048: [1.1e-4]})
+        predictions = predict.refresh_predictions(store)
+        assert {p["run_id"] for p in predictions} == {"torch-ddp-w1", "torch-ddp-w2"}
+        two = store.get("torch-ddp-w2")
+        assert two["predicted_iter_time"] == pytest.approx(0.063 + 2 * ALPHA + TOTAL_BYTES * BETA)
+        assert {p["phase"]: p["predicted_s"] for p in two["phases"]}["comm"] == pytest.approx(
+            2 * ALPHA + TOTAL_BYTES * BETA)
+        assert two["extra"]["prediction"]["from_single_worker_s"] == pytest.approx(two["predicted_iter_time"])
+        assert store.get("cntk-style-allreduce-w2")["predicted_iter_time"] is None
+        frame = store.runs_frame()
+    table = tables.prediction_table(frame)
+    assert list(table["world_size"]) == [1, 2] and table["basis"].tolist() == ["single worker", "calibrated"]
+    summary = tables.prediction_summary(frame)
+    assert summary["calibrated_runs"].tolist() == [1] and summary["multi_worker_runs"].tolist() == [1]
+
+
+# --------------------------------------------------------------------------- tables and report
+
+def study_records():
+    records = []
+    for label, fw, mode, times in (("PyTorch DDP", "torch", "ddp", {(1, 1): 0.100, (1, 2): 0.125, (1, 4): 0.15,
+                                                                    (2, 2): 0.2}),
+                                   ("CNTK-style", "cntk-style", "allreduce", {(1, 1): 0.1, (1, 2): 0.2})):
+        for (nodes, world), t in times.items():
+            rec = record(framework=fw, mode=mode, world_size=world, scheme=WHOLE, t_iter=t, nodes=nodes,
+                         workers_per_node=world // nodes, framework_label=label)
+            rec["run_id"] = f"{fw}-{nodes}x{world}"
+            records.append(rec)
+    return records
+
+
+def test_study_tables_markdown_csv_latex(tmp_path):
+    out = make_campaign(tmp_path / "c", study_records())
+    with ResultStore.for_campaign(out) as store:
+        frame = store.runs_frame()
+    wide = tables.study_scaling_tables(frame)[MODEL]
+    assert list(wide.index) == ["CNTK-style (allreduce)", "PyTorch DDP"]
+    topologies = list(dict.fromkeys(wide.columns.get_level_values(0)))
+    assert topologies == ["1 worker", "2 workers", "4 workers", "2 nodes", "4 nodes"]
+    assert wide.loc["PyTorch DDP", ("2 workers", "S")] == pytest.approx(1.6)
+    assert wide.loc["PyTorch DDP", ("2 nodes", "E")] == pytest.approx(0.5)
+    assert math.isnan(wide.loc["CNTK-style (allreduce)", ("4 workers", "ms")])
+    written = tables.write_study_tables(frame, out)
+    tex = written[f"study_scaling_{MODEL}"]["tex"].read_text()
+    assert r"\multicolumn{3}{c}{2 workers}" in tex and r"\toprule" in tex and "PyTorch DDP & 100.0 & 1.00" in tex
+    md = written[f"study_scaling_{MODEL}"]["md"].read_text()
+    assert "2 workers S" in md and "1.60" in md
+    single = written["study_single"]["csv"].read_text()
+    assert "images_per_s" in single and "backward_ms" in single
+    assert tables.latex_escape("a_b & 5%") == r"a\_b \& 5\%"
+
+
+def test_report_has_model_section_timeline_and_study_tables(tmp_path):
+    out = make_campaign(tmp_path / "c", study_records())
+    with ResultStore.for_campaign(out) as store:
+        store.add_calibration(calibration(), {1024: [1e-4], 2048: [1.1e-4]})
+    text = report.build_report(out).read_text(encoding="utf-8")
+    for needle in ('id="model"', "Performance model: error per scheme", "Calibration of the communication model",
+                   'id="study"', "study_scaling_alexnet-tiny.tex", "One iteration as the model schedules it", "calibrated"):
+        assert needle in text, needle
+    assert (out / "figures" / "timeline.png").is_file()
+    with ResultStore.for_campaign(out) as store:
+        assert all(r["predicted_iter_time"] is not None for r in store.records() if r["status"] == "ok")
+
+
+# --------------------------------------------------------------------------- what-if
+
+def whatif_campaign(tmp_path) -> Path:
+    records = [record(world_size=1, scheme={**WHOLE, "overlap": True, "granularity": "bucket",
+                                            "bucket_bytes": 25 * 2 ** 20, "first_bucket_bytes": 2 ** 20}),
+               record(framework="caffe-mpi-style", mode="mpi", world_size=1, scheme=TENSOR_WFBP)]
+    out = make_campaign(tmp_path / "c", records)
+    with ResultStore.for_campaign(out) as store:
+        store.add_calibration(calibration(gamma=1e-10), {1024: [1e-4], 2048: [1.1e-4]})
+    return out
+
+
+GRID = ["--nodes", "2,4,8,16", "--bandwidth", "10Gbit,56Gbit,100Gbit", "--latency", "5us,50us"]
+
+
+def test_whatif_grid_is_consistent_and_fast(tmp_path):
+    out = whatif_campaign(tmp_path)
+    args = predict.build_parser().parse_args(["--from", str(out), "--model", MODEL, *GRID])
+    started = time.perf_counter()
+    rows, written = predict.run(args)
+    elapsed = time.perf_counter() - started
+    print(f"what-if 4x3x2 grid, {len(rows)} rows: {elapsed * 1e3:.0f} ms")
+    assert elapsed < 1.0
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    assert len(rows) == len(schemes) * 24 and len(schemes) == 2 + len(predict.CATALOGUE)
+    for scheme in schemes:
+        for bandwidth in ("10Gbit", "56Gbit", "100Gbit"):
+            for latency in ("5us", "50us"):
+                line = sorted((r["workers"], r["efficiency"]) for r in rows if r["scheme"] == scheme
+                              and r["bandwidth"] == bandwidth and r["latency"] == latency)
+                assert len(line) == 4 and all(0 < e <= 1 + 1e-9 for _, e in line)
+                if "parameter server" not in scheme:  # ring: more workers never help efficiency
+                    assert [e for _, e in line] == sorted((e for _, e in line), reverse=True)
+        # a faster network is never worse
+        for n in (2, 16):
+            slow = next(r for r in rows if r["scheme"] == scheme and r["nodes"] == n and r["bandwidth"] == "10Gbit"
+                        and r["latency"] == "50us")
+            fast = next(r for r in rows if r["scheme"] == scheme and r["nodes"] == n and r["bandwidth"] == "100Gbit"
+                        and r["latency"] == "5us")
+            assert fast["efficiency"] >= slow["efficiency"]
+    # by hand: no-overlap, 2 nodes at 10 Gbit/s and 5 us, compute of the first profile
+    row = next(r for r in rows if r["scheme"].startswith("no overlap") and r["nodes"] == 2
+               and r["bandwidth"] == "10Gbit" and r["latency"] == "5us")
+    t_c = 2 * 5e-6 + TOTAL_BYTES * (8 / 10e9 + 1e-10 / 2)
+    assert row["iter_ms"] == pytest.approx((0.063 + t_c) * 1e3)
+    assert row["speedup"] == pytest.approx(2 * 0.063 / (0.063 + t_c))
+    assert {p.suffix for p in written.values()} == {".csv", ".md", ".svg"}
+    assert written["svg"].read_text().startswith("<svg") and "efficiency" in written["svg"].read_text()
+
+
+def test_whatif_cli_prints_the_table(tmp_path):
+    out = whatif_campaign(tmp_path)
+    result = run_cli("analysis.predict", "--from", str(out), "--model", MODEL, *GRID, "--schemes", "stored",
+                     timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "efficiency" in result.stdout and "caffe-mpi-style" in result.stdout
+    assert len([line for line in result.stdout.splitlines() if "Gbit" in line]) == 2 * 24
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bandwidth", "10G"], "cannot read bandwidth"),
+    (["--bandwidth", "fast"], "cannot read bandwidth"),
+    (["--latency", "5"], "cannot read latency"),
+    (["--nodes", "0,2"], "--nodes"),
+    (["--model", "resnet50"], "no successful one-worker run of resnet50"),
+    (["--schemes", "magic"], "unknown scheme"),
+    (["--profile", "TensorFlow"], "--profile"),
+])
+def test_whatif_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
+    out = whatif_campaign(tmp_path)
+    base = {"--from": str(out), "--model": MODEL}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = [item for pair in base.items() for item in pair]
+    assert predict.main(argv + (["--no-files"])) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_whatif_without_store(tmp_path, capsys):
+    assert predict.main(["--from", str(tmp_path / "none"), "--model", MODEL]) == 2
+    assert "results.sqlite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,value", [("10Gbit", 1.25e9), ("10 Gbit/s", 1.25e9), ("10Gbps", 1.25e9),
+                                        ("1.25GB/s", 1.25e9), ("100Mbit", 12.5e6), ("1Gibit", 2 ** 30 / 8),
+                                        ("400MB", 400e6), ("56Gb/s", 7e9)])
+def test_parse_bandwidth(text, value):
+    assert predict.parse_bandwidth(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text,value", [("5us", 5e-6), ("5 µs", 5e-6), ("0.05ms", 5e-5), ("100ns", 1e-7),
+                                        ("1e-6s", 1e-6), ("0us", 0.0)])
+def test_parse_latency(text, value):
+    assert predict.parse_latency(text) == pytest.approx(value)
+
+
+# --------------------------------------------------------------------------- the real thing
+
+SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style"]  # add tf:collective, mxnet:dist_sync ... here
+LOOPBACK_MODELS = "alexnet-tiny,googlenet-tiny,resnet50-tiny"
+LIMIT = 0.15
+
+
+@pytest.mark.slow
+def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
+    """Calibrate every synchronous scheme on 2 loopback ranks, run 2-rank campaigns over the
+    tiny models, and compare each run's predicted iteration time with the measured one."""
+    out = tmp_path_factory.mktemp("model") / "loopback"
+    frameworks = ",".join(SYNCHRONOUS_SCHEMES)
+    calibrated = run_cli("launchers.calibrate", "--frameworks", frameworks, "--workers", "2", "--out", str(out),
+                         "--max-bytes", "16M", "--repeats", "8", timeout=1800)
+    assert calibrated.returncode == 0, calibrated.stderr[-3000:]
+    print(calibrated.stdout[-2500:])
+    result = run_cli("launchers.compare", "--frameworks", frameworks, "--model", LOOPBACK_MODELS, "--workers", "2",
+                     "--out", str(out), "--iterations", "10", "--repeats", "5", "--warmup", "3",
+                     "--profile-iterations", "5", timeout=3600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with ResultStore.for_campaign(out, create=False) as store:
+        frame = store.runs_frame()
+    table = tables.prediction_table(frame)
+    shown = table[["framework_label", "model", "world_size", "measured_ms", "predicted_ms", "error_pct",
+                   "comm_measured_ms", "comm_predicted_ms", "comm_exposed_pred_ms", "basis", "layer_source"]]
+    print("\n" + tables.to_markdown(shown))
+    summary = tables.prediction_summary(frame)
+    print(tables.to_markdown(summary))
+    assert set(table["basis"]) == {"calibrated"}
+    assert len(summary) == len(SYNCHRONOUS_SCHEMES)
+    for _, row in summary.iterrows():
+        errors = table[table["framework_label"] == row["framework_label"]]["error_pct"].abs() / 100
+        assert statistics.median(errors) <= LIMIT, f"{row['framework_label']}: median |error| {statistics.median(errors):.1%}"

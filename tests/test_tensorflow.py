@@ -1,0 +1,249 @@
+"""TensorFlow adapter through the real worker: MultiWorkerMirroredStrategy and TF1 parameter
+servers over gRPC on loopback, the model's geometry, the environment's pins, a dying server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.base import RunConfig
+from launchers.envs import REPO_ROOT
+from launchers.local import run_local
+from tests.conftest import run_cli, worker_processes
+
+MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
+FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
+
+
+def check_run(tmp: Path, python: str, mode: str, workers: int, batch: int, servers: int = 0,
+              model: str = MODEL) -> Path:
+    """The worker in equivalence mode (one SGD step); returns the folder of its dumps."""
+    out = tmp / f"{mode}-{model}-w{workers}-s{servers}"
+    config = RunConfig(run_id=out.name, framework="tf", mode=mode, model=model,
+                       batch_per_worker=batch, workers_per_node=workers, servers=servers,
+                       dropout=False, threads_per_worker=1, rank_dir=str(out),
+                       check={"steps": 1, "out_dir": str(out)})
+    outcome = run_local(config, python, out, "tf", REPO_ROOT, timeout=300)
+    assert outcome.status == "ok", outcome.error
+    return out
+
+
+def load(path: Path) -> dict:
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory, tf_python) -> dict:
+    """One process stepping on the global batch (2 x 4): the reference for every mode."""
+    out = check_run(tmp_path_factory.mktemp("tf-single"), tf_python, "collective", 1, 8)
+    return load(out / "weights_rank0.npz")
+
+
+def assert_synchronous_step(out: Path, single: dict) -> None:
+    rank0, rank1 = load(out / "weights_rank0.npz"), load(out / "weights_rank1.npz")
+    assert rank0.keys() == single.keys()
+    worst = 0.0
+    for name in single:
+        assert np.array_equal(rank0[name], rank1[name]), f"ranks differ in {name}"
+        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        worst = max(worst, float(np.max(np.abs(rank0[name] - single[name]))))
+    from models import canonical_weights, get_model
+
+    initial = canonical_weights(get_model(MODEL))
+    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
+    print(f"{out.name}: max |2 workers - 1 process| = {worst:.2e}, step change = {moved:.2e}")
+    assert moved > 100 * max(worst, 1e-9)  # the step really moved the weights
+
+
+@pytest.mark.slow
+def test_collective_two_workers_equal_one_process_on_the_global_batch(tmp_path, tf_python,
+                                                                      one_worker):
+    assert_synchronous_step(check_run(tmp_path, tf_python, "collective", 2, 4), one_worker)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("servers", [1, 2])
+def test_parameter_servers_two_workers_equal_one_process(tmp_path, tf_python, one_worker,
+                                                         servers):
+    assert_synchronous_step(check_run(tmp_path, tf_python, "ps", 2, 4, servers), one_worker)
+
+
+def tf_snippet(python: str, code: str, timeout: float = 600) -> dict:
+    """Run `code` in the TensorFlow environment; it prints one JSON object last."""
+    result = subprocess.run([python, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=timeout,
+                            env={"PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
+                                 "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+GEOMETRY = r"""
+import json
+import numpy as np
+import tensorflow as tf
+from adapters.tensorflow import TFModel
+from models import MODEL_NAMES, canonical_weights, get_model
+
+out = {}
+for name in MODEL_NAMES:
+    spec = get_model(name)
+    model = TFModel(spec, "NHWC", dropout=True)
+    params = {n: tf.Variable(tf.zeros(s)) for n, s in model.param_shapes.items()}
+    buffers = {n: tf.Variable(tf.zeros(s)) for n, s in model.buffer_shapes.items()}
+    fn = tf.function(lambda x: model(x, params, buffers, training=True)[0])
+    # tracing asserts every node's output shape against the description's shape inference
+    logits = fn.get_concrete_function(tf.TensorSpec(model.input_shape(2), tf.float32))
+    weights = canonical_weights(spec)
+    roundtrip = all(np.array_equal(model.to_canonical(n, model.to_tf(n, w)), w)
+                    for n, w in weights.items())
+    out[name] = {"logits": logits.structured_outputs.shape.as_list(), "roundtrip": roundtrip,
+                 "permuted": sorted(model.to_tf_fns)}
+print(json.dumps(out))
+"""
+
+
+def test_every_model_builds_with_the_descriptions_shapes(tf_python):
+    """All six models trace in TF with every node's output shape equal to models' shape
+    inference (Caffe ceil-mode pools included), and weights survive the layout round trip."""
+    from models import MODEL_NAMES, get_model
+
+    result = tf_snippet(tf_python, GEOMETRY)
+    for name in MODEL_NAMES:
+        assert result[name]["logits"] == [2, get_model(name).num_classes]
+        assert result[name]["roundtrip"], name
+    assert result["alexnet"]["permuted"] == ["fc6.weight"]  # 256x6x6 flatten in NHWC
+    assert result["googlenet"]["permuted"] == []  # global pool: 1x1, nothing to permute
+
+
+LAYOUT_AND_DATA = r"""
+import json, tempfile
+import numpy as np
+from adapters.base import DistInfo, FrameworkUnavailable, RunConfig
+from adapters.data import decode_jpeg, list_jpeg_dataset, make_jpeg_dataset
+from adapters.tensorflow import TensorFlowTrainer, decode_jpeg_tf
+from models import get_model
+
+spec = get_model("alexnet-tiny")
+config = RunConfig(run_id="x", framework="tf", mode="collective", model=spec.name,
+                   batch_per_worker=2, options={"layout": "NCHW"})
+try:
+    TensorFlowTrainer(spec, config, DistInfo())
+    refused = ""
+except FrameworkUnavailable as error:
+    refused = str(error)
+root = make_jpeg_dataset(tempfile.mkdtemp() + "/jpeg", spec, images_per_class=1)
+worst = 0.0
+for path, _ in list_jpeg_dataset(root)[:4]:
+    ours = decode_jpeg_tf(path, 96, 96, "NCHW").numpy()
+    worst = max(worst, float(np.max(np.abs(ours - decode_jpeg(path, 96, 96)))))
+print(json.dumps({"refused": refused, "decode_max_diff": worst}))
+"""
+
+
+def test_nchw_refused_on_cpu_and_tf_data_decodes_like_pillow(tf_python):
+    result = tf_snippet(tf_python, LAYOUT_AND_DATA)
+    assert "NCHW" in result["refused"] and "CPU" in result["refused"]
+    # accurate IDCT like Pillow: equal pixels, so equal normalised values
+    assert result["decode_max_diff"] <= 1 / 64 + 1e-6
+
+
+def test_environment_has_tf_keras_without_the_full_tensorflow_wheel(tf_python):
+    code = ("import importlib.metadata as m, json\n"
+            "names = {d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()}\n"
+            "print(json.dumps(sorted(n for n in names if 'tensorflow' in n or 'keras' in n)))")
+    result = subprocess.run([tf_python, "-c", code], capture_output=True, text=True, timeout=120)
+    names = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "tensorflow-cpu" in names, names
+    assert "tf-keras" in names, names
+    assert "tensorflow" not in names, names  # tf-keras's declared dependency was not installed
+
+
+def test_nodeps_requirements_are_part_of_the_environment_digest(tmp_path, monkeypatch):
+    from launchers import envs
+
+    (tmp_path / "x.txt").write_text("numpy==2.4.6\n")
+    monkeypatch.setenv("DLCOMPARE_REQUIREMENTS", str(tmp_path))
+    plain = envs.environment_for("x").path
+    (tmp_path / "x.nodeps.txt").write_text("tf-keras==2.21.0\n")
+    with_nodeps = envs.environment_for("x").path
+    (tmp_path / "x.nodeps.txt").write_text("tf-keras==2.20.0\n")
+    assert len({plain, with_nodeps, envs.environment_for("x").path}) == 3
+
+
+@pytest.mark.slow
+def test_compare_report_has_torch_and_tf_side_by_side(tmp_path, torch_python, tf_python):
+    out = tmp_path / "side-by-side"
+    result = run_cli("launchers.compare", "--frameworks", "torch,tf", "--model",
+                     "googlenet-tiny", "--workers", "1,2", "--out", str(out), *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import sqlite3
+
+    with sqlite3.connect(out / "results.sqlite") as db:
+        rows = db.execute("SELECT framework, mode, world_size, status, synchronous FROM runs "
+                          "ORDER BY framework, world_size").fetchall()
+    assert rows == [("tf", "collective", 1, "ok", 1), ("tf", "collective", 2, "ok", 1),
+                    ("torch", "ddp", 1, "ok", 1), ("torch", "ddp", 2, "ok", 1)]
+    html = (out / "report.html").read_text()
+    assert "TensorFlow" in html and "PyTorch DDP" in html
+    summary = result.stdout + result.stderr
+    assert "TensorFlow" in summary and "PyTorch DDP" in summary
+
+
+def find_server(marker: str, timeout: float = 300):
+    """The parameter-server process of the run whose command line mentions `marker`, once
+    the run's workers have started timing (so the server dies mid-run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in worker_processes(marker):
+            try:
+                role = process.environ().get("DLC_ROLE")
+            except Exception:  # noqa: BLE001 - gone or not ours
+                continue
+            progress = list(Path(marker).glob("runs/*/progress"))
+            if role == "server" and progress and "timed" in progress[0].read_text():
+                return process
+        time.sleep(0.2)
+    raise AssertionError("the run never reached its timed iterations")
+
+
+@pytest.mark.slow
+def test_a_parameter_server_dying_mid_run_fails_the_run_and_leaves_nothing(tmp_path,
+                                                                           tf_python):
+    out = tmp_path / "dying-server"
+    command = [sys.executable, "-m", "launchers.compare", "--frameworks", "tf:ps", "--model",
+               MODEL, "--workers", "2", "--servers", "1", "--out", str(out), "--timeout", "240",
+               "--iterations", "200", "--repeats", "3", "--warmup", "1",
+               "--profile-iterations", "1"]
+    import os
+
+    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    started = time.monotonic()
+    campaign = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        server = find_server(str(out))
+        killed_at = time.monotonic()
+        server.kill()
+        stdout, stderr = campaign.communicate(timeout=240 + 120)
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+    assert campaign.returncode == 1, stderr[-3000:]
+    import sqlite3
+
+    with sqlite3.connect(out / "results.sqlite") as db:
+        (status, error), = db.execute("SELECT status, error FROM runs").fetchall()
+    assert status == "failed", error
+    assert error.startswith("server 0 killed by signal 9"), error
+    assert time.monotonic() - killed_at < 60  # noticed at once, not at the run's timeout
+    assert time.monotonic() - started < 240 + 300
+    assert worker_processes(str(out)) == []
