@@ -210,11 +210,14 @@ class Trainer(abc.ABC):
         NotImplementedError; the worker then splits the measured backward by FLOPs."""
         raise NotImplementedError(f"{type(self).__name__} cannot time backward per layer")
 
-    def collective_times(self, sizes: list[int], repeats: int, warmup: int = 2) -> dict[int, list[float]]:
-        """Calibration: seconds of `repeats` runs of the scheme's collective (all-reduce, or
-        push + pull) on a float32 buffer of each size in bytes, through the framework's own
-        communication stack, every rank taking part.  Frameworks that lack it raise
-        NotImplementedError (the calibration launcher says so)."""
+    def collective_times(self, sizes: list[int], repeats: int, warmup: int = 2,
+                         iters: int = 1) -> dict[int, list[float]]:
+        """Calibration: `repeats` samples per size (bytes) of the scheme's collective
+        (all-reduce, or push + pull) on a float32 buffer, through the framework's own
+        communication stack, every rank taking part; each sample starts after a barrier and is
+        the mean time of `iters` back-to-back calls (nccl-tests' -n: consecutive messages, as
+        backward sends them).  Frameworks that lack it raise NotImplementedError (the
+        calibration launcher says so); an implementation without `iters` times single calls."""
         raise NotImplementedError(f"{type(self).__name__} has no collective micro-benchmark")
 
 

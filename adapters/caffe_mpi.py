@@ -143,9 +143,10 @@ class CaffeMpiStyleTrainer(TorchTrainer):
         return {"label": "layer-wise MPI all-reduce", "overlap": True, "granularity": "tensor",
                 "profile_granularity": "tensor", "algorithm": "ring", "transport": "mpi"}
 
-    def collective_times(self, sizes, repeats, warmup=2):
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """MPI Allreduce (SUM, in place) of a float32 host buffer per size, as the
-        communication thread runs it; each timed call starts after a barrier."""
+        communication thread runs it; each sample: a barrier, then the mean of `iters`
+        back-to-back calls."""
         import time
 
         if self.comm.Get_size() < 2:
@@ -159,8 +160,9 @@ class CaffeMpiStyleTrainer(TorchTrainer):
             for _ in range(repeats):
                 self.comm.Barrier()
                 start = time.perf_counter()
-                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-                measured.append(time.perf_counter() - start)
+                for _ in range(iters):
+                    self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+                measured.append((time.perf_counter() - start) / iters)
             times[int(nbytes)] = measured
         return times
 

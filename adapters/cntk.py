@@ -242,10 +242,24 @@ class CntkTrainer(Trainer):
                 "backend_python": self.backend.python}
 
     def comm_scheme(self):
+        """CNTK's data_parallel_distributed_learner: once backward is done, the learner's
+        update starts one non-blocking MPI all-reduce per gradient tensor (plus one for the
+        sample count and loss), waits for all of them, then applies momentum SGD
+        (DataParallelDistributedLearner::Update -> MPICommunicatorImpl::AggregateImpl). The
+        algorithm is OpenMPI's choice for an in-place MPI_Iallreduce (libnbc's binomial
+        tree); that is read from the sources, not measured."""
         if not self.dist.distributed:
             return None
-        return {"label": "CNTK data-parallel (MPI)", "overlap": False, "granularity": "whole",
-                "profile_granularity": "whole", "algorithm": "ring", "transport": "mpi"}
+        return {"label": "CNTK data-parallel (MPI)", "overlap": False, "granularity": "tensor",
+                "profile_granularity": "tensor", "algorithm": "tree", "transport": "mpi"}
+
+    def collective_times(self, sizes, repeats, warmup=2):
+        if not self.dist.distributed:
+            raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or "
+                                      "more workers")
+        times = self.backend.call("collective", sizes=[int(s) for s in sizes],
+                                  repeats=int(repeats), warmup=int(warmup))["times"]
+        return {int(size): values for size, values in times.items()}
 
     def close(self):
         backend = getattr(self, "backend", None)

@@ -22,6 +22,7 @@ Requests ({"op": NAME, ...}) and replies ({"ok": true, ...} or {"ok": false, "er
   profile {distributed_comm}     one iteration, phases timed separately (see `profile`)
   gradients {path, out}          loss and local gradients of the mean loss on one batch
   loss                           mean loss of the latest iteration
+  collective {sizes, repeats}    seconds of CNTK's MPI all-reduce per message size
   barrier, noop, close
 """
 
@@ -495,10 +496,35 @@ class Backend(object):
         self.np.savez(request["out"], **arrays)
         return {"loss": total / count}
 
+    def all_reduce(self, views):
+        self.communicator.aggregate_in_place(views, self.communicator.workers())
+
     def op_barrier(self, request):
+        # CNTK's Communicator.barrier() only waits for this rank's pending requests
+        # (MPICommunicatorImpl::Barrier is a WaitAll): a one-number all-reduce synchronises.
         if self.communicator is not None:
-            self.communicator.barrier()
+            self.all_reduce([self.C.NDArrayView.from_dense(self.np.zeros(1, self.np.float32))])
         return {}
+
+    def op_collective(self, request):
+        """Seconds of CNTK's gradient all-reduce (Communicator.aggregate_in_place, one MPI
+        all-reduce per array) on one float32 array per size, each timed call after a barrier."""
+        if self.communicator is None:
+            raise ValueError("one worker has nothing to all-reduce")
+        times = {}
+        for nbytes in request["sizes"]:
+            view = self.C.NDArrayView.from_dense(
+                self.np.zeros(max(1, int(nbytes) // 4), self.np.float32))
+            for _ in range(int(request.get("warmup", 2))):
+                self.all_reduce([view])
+            measured = []
+            for _ in range(int(request["repeats"])):
+                self.op_barrier(request)
+                start = time.perf_counter()
+                self.all_reduce([view])
+                measured.append(time.perf_counter() - start)
+            times[str(int(nbytes))] = measured
+        return {"times": times}
 
     def op_noop(self, request):
         return {}

@@ -267,10 +267,11 @@ class HorovodTrainer(TorchTrainer):
             ready = {layer: max(events) - start for layer, events in stamps.items()}
         return sorted(ready.items(), key=lambda item: item[1])
 
-    def collective_times(self, sizes, repeats, warmup=2):
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """Horovod's allreduce (Sum, in place) of a float32 tensor per size, as the optimizer
-        submits one (through the background thread, its cycle and fusion buffer); each timed
-        call starts after a barrier."""
+        submits one (through the background thread, its cycle and fusion buffer); each sample:
+        a barrier, then the mean of `iters` back-to-back calls, each waited for (submitted
+        together they would be fused into one)."""
         import time
 
         if hvd.size() < 2:
@@ -287,9 +288,10 @@ class HorovodTrainer(TorchTrainer):
                 hvd.barrier()
                 self.sync()
                 start = time.perf_counter()
-                hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+                for _ in range(iters):
+                    hvd.allreduce_(tensor, op=hvd.Sum, name=name)
                 self.sync()
-                measured.append(time.perf_counter() - start)
+                measured.append((time.perf_counter() - start) / iters)
             times[int(nbytes)] = measured
         return times
 

@@ -638,30 +638,38 @@ class MXNetTrainer(Trainer):
                 "granularity": "tensor", "algorithm": "ps", "servers": self.config.servers,
                 "profile_granularity": "tensor", "transport": "ps-lite"}
 
-    def collective_times(self, sizes, repeats, warmup=2):
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """Push then pull of one float32 key per size through the dist kvstore (the servers
-        sum every worker's push), each timed call after a kvstore barrier."""
+        sum every worker's push); each sample starts after a kvstore barrier and is the mean
+        of `iters` back-to-back push + pull pairs. Each size gets its own key, initialised
+        once (a dist kvstore cannot initialise a key twice), far from gluon.Trainer's keys."""
         import time
 
         if not self.distributed:
             raise NotImplementedError(f"mxnet:{self.config.mode} reduces inside one process; "
                                       "calibrate dist_sync or dist_device_sync")
-        ctx = self.contexts[0]
+        if not hasattr(self, "_calibration_keys"):
+            self._calibration_keys = {}
         times = {}
-        for index, nbytes in enumerate(sizes):
-            key = 1_000_000 + index  # far from gluon.Trainer's keys 0 .. parameters-1
-            buffer = mx.nd.zeros(max(1, int(nbytes) // 4), ctx=ctx)
-            self.kv.init(key, buffer)
+        for nbytes in sizes:
+            nbytes = int(nbytes)
+            if nbytes not in self._calibration_keys:
+                key = 1_000_000 + len(self._calibration_keys)
+                buffer = mx.nd.zeros(max(1, nbytes // 4), ctx=self.contexts[0])
+                self.kv.init(key, buffer)
+                self._calibration_keys[nbytes] = (key, buffer)
+            key, buffer = self._calibration_keys[nbytes]
             measured = []
             for attempt in range(warmup + repeats):
                 self.kv._barrier()
                 start = time.perf_counter()
-                self.kv.push(key, buffer)
-                self.kv.pull(key, out=buffer)
+                for _ in range(max(1, int(iters))):
+                    self.kv.push(key, buffer)
+                    self.kv.pull(key, out=buffer)
                 buffer.wait_to_read()
                 if attempt >= warmup:
-                    measured.append(time.perf_counter() - start)
-            times[int(nbytes)] = measured
+                    measured.append((time.perf_counter() - start) / max(1, int(iters)))
+            times[nbytes] = measured
         return times
 
     # -- facts --------------------------------------------------------------------------------

@@ -374,9 +374,9 @@ class TorchTrainer(Trainer):
             ready = {layer: max(events) - start for layer, events in stamps.items()}
         return sorted(ready.items(), key=lambda item: item[1])
 
-    def collective_times(self, sizes, repeats, warmup=2):
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """dist.all_reduce (SUM) of a float32 tensor per size, as DDP and the flat all-reduce
-        use it; each timed call starts after a barrier."""
+        use it; each sample: a barrier, then the mean of `iters` back-to-back calls."""
         import time
 
         if not dist.is_initialized():
@@ -391,9 +391,10 @@ class TorchTrainer(Trainer):
                 dist.barrier()
                 self.sync()
                 start = time.perf_counter()
-                dist.all_reduce(tensor)
+                for _ in range(iters):
+                    dist.all_reduce(tensor)
                 self.sync()
-                measured.append(time.perf_counter() - start)
+                measured.append((time.perf_counter() - start) / iters)
             times[int(nbytes)] = measured
         return times
 

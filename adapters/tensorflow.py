@@ -786,7 +786,9 @@ class StrategyTrainer(TensorFlowTrainer):
         if self._allreduce is not None:
             grads = self._allreduce(grads)
             grads = [self.strategy.experimental_local_results(g)[0] for g in grads]
-        timer.lap("comm")
+            timer.lap("comm")
+        else:
+            timer.laps["comm"] = 0.0  # one replica: nothing to communicate
         self._apply_local(grads)
         timer.lap("update")
         self._update_seconds = timer.laps["update"]
@@ -842,6 +844,10 @@ class StrategyTrainer(TensorFlowTrainer):
         facts = {"layout": self.layout, "xla": self.xla, "replicas": self.replicas,
                  "single_device": self.strategy is None,
                  "grouped_conv": "native" if self.model.native_groups else "split per group"}
+        if self.strategy is None and self.config.mode != "collective":
+            facts["mode_note"] = (f"one worker: the single-device path of every mode, no "
+                                  f"{'parameter server' if 'ps' in self.config.mode else 'GPU split'}"
+                                  f" started")
         if self.strategy is not None:
             facts.update(strategy=type(self.strategy).__name__,
                          bytes_per_pack=self.comm_options.bytes_per_pack,

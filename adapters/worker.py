@@ -10,6 +10,7 @@ over ranks. Adapters print no results themselves.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -84,9 +85,11 @@ def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress) -> di
     return {"repeat_times": repeat_times, "losses": losses, "steps": step}
 
 
-def profile_loops(trainer, config: RunConfig, progress: Progress) -> dict:
-    """Median seconds per phase over profile iterations of both kinds (see Trainer)."""
-    separate, overlapped = [], []
+def profile_loops(trainer, config: RunConfig, progress: Progress, samples: list | None = None) -> dict:
+    """Median seconds per phase over profile iterations of both kinds (see Trainer).
+    `samples`, when given, receives each separated iteration's phases (for the model)."""
+    separate = [] if samples is None else samples
+    overlapped = []
     for _ in range(config.profile_iterations):
         separate.append(trainer.profile_step(overlapped=False))
         progress.advance("profile")
@@ -166,12 +169,19 @@ def model_extra(spec, results: list[dict], backward: float) -> dict:
       which includes the faster ranks' wait for the slowest; the minimum is closer to the
       transfer itself);
     - ``rank_phases_s``: each rank's phase medians (the record's phases are per-phase maxima
-      over ranks, whose sum can exceed every rank's own iteration).
+      over ranks, whose sum can exceed every rank's own iteration);
+    - ``sync_compute_s``: the median over separated profile iterations of the slowest rank's
+      compute before the gradient exchange (io + h2d + forward + backward) and of its update:
+      a synchronous iteration waits in every round for whichever rank is slowest in that round,
+      which on a busy machine is more than any one rank's median.
     """
     from analysis.perfmodel import split_backward_by_flops
 
     extra = {"rank_comm_s": [r["profile"].get("comm") for r in results],
              "rank_phases_s": [{p: r["profile"].get(p) for p in PHASES} for r in results]}
+    slowest = slowest_rank_compute(results)
+    if slowest:
+        extra["sync_compute_s"] = slowest
     scheme = results[0].get("comm_scheme")
     if scheme:
         extra["comm_scheme"] = scheme
@@ -193,6 +203,21 @@ def model_extra(spec, results: list[dict], backward: float) -> dict:
     return extra
 
 
+def slowest_rank_compute(results: list[dict]) -> dict | None:
+    """{"before_comm": s, "update": s}: per separated profile iteration the maximum over ranks
+    (iteration i of every rank ends in the same collective), then the median over iterations."""
+    runs = [r.get("profile_samples") or [] for r in results]
+    count = min(len(run) for run in runs) if runs else 0
+    if count == 0:
+        return None
+    before, update = [], []
+    for i in range(count):
+        before.append(max(sum(float(run[i].get(p, 0.0)) for p in ("io", "h2d", "forward", "backward"))
+                          for run in runs))
+        update.append(max(float(run[i].get("update", 0.0)) for run in runs))
+    return {"before_comm": statistics.median(before), "update": statistics.median(update), "iterations": count}
+
+
 def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
     """Calibration mode: time the scheme's collective per message size (every rank) and, on
     a CPU, a local float32 sum of the same sizes (the model's reduction cost gamma); rank 0
@@ -200,7 +225,16 @@ def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
     sizes = [int(n) for n in config.calibrate["sizes"]]
     repeats = int(config.calibrate.get("repeats", 10))
     warmup = int(config.calibrate.get("warmup", 2))
-    result = {"collective": {str(k): v for k, v in trainer.collective_times(sizes, repeats, warmup).items()}}
+    trainer.collective_times(sizes[:1], 1, max(warmup, 5))  # first calls set up connections: not timed
+    loop_bytes = int(config.calibrate.get("loop_bytes", 2 ** 20))
+    if loop_bytes > 0 and "iters" in inspect.signature(trainer.collective_times).parameters:
+        collective = {}  # back-to-back calls per sample, up to about loop_bytes per sample (max 20)
+        for size in sizes:
+            iters = max(1, min(20, loop_bytes // max(size, 1)))
+            collective.update(trainer.collective_times([size], repeats, warmup, iters=iters))
+    else:
+        collective = trainer.collective_times(sizes, repeats, warmup)
+    result = {"collective": {str(k): v for k, v in collective.items()}}
     if config.device == "cpu" and config.calibrate.get("reduction", True):
         result["reduction"] = {str(k): v for k, v in reduction_times(sizes, repeats).items()}
     rank_dir = Path(config.rank_dir)
@@ -219,7 +253,7 @@ def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
         "framework": config.framework, "mode": config.mode, "device": config.device,
         "nodes": config.nodes, "workers_per_node": config.workers_per_node,
         "world_size": config.world_size, "servers": config.servers,
-        "comm_scheme": trainer.comm_scheme(), "collective": slowest,
+        "comm_scheme": trainer.comm_scheme(), "collective": slowest, "loop_bytes": loop_bytes,
         "reduction": ranks[0].get("reduction"), "env": environment(trainer.versions()),
         "device_name": trainer.device_name()})
 
@@ -340,11 +374,12 @@ def main(argv: list[str]) -> int:
         total = config.warmup + config.iterations * config.repeats + 2 * config.profile_iterations
         progress = Progress(config.rank_dir, dist.rank, total)
         timings = timed_loops(trainer, config, dist.rank, progress)
-        profile = profile_loops(trainer, config, progress)
+        samples: list[dict] = []
+        profile = profile_loops(trainer, config, progress, samples)
         rank_dir = Path(config.rank_dir)
         write_json_atomic(rank_dir / f"rank{dist.rank}.json",
                           {**rank_result(config, trainer, timings, profile),
-                           **model_inputs(trainer, config)})
+                           **model_inputs(trainer, config), "profile_samples": samples})
         trainer.barrier()
         if dist.rank == 0:
             results = wait_for_rank_files(rank_dir, dist.world_size)

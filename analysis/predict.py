@@ -105,7 +105,11 @@ def compute_phases(record: dict) -> dict[str, float]:
     """The compute phases the model starts from: the slowest rank's own profile where the
     worker kept each rank's (``extra["rank_phases_s"]``; a synchronous iteration waits for the
     rank with the most compute, and per-phase maxima over ranks would add up the slow
-    phases of different ranks), else the record's phases."""
+    phases of different ranks), else the record's phases.  `profile_from_record` then
+    stretches forward and backward to ``extra["sync_compute_s"]`` where the worker measured
+    it: per profile iteration the slowest rank's compute, the median over iterations (which
+    rank is slowest changes from round to round on a busy machine, and every round waits for
+    it)."""
     phases = measured_phases(record)
     ranks = (record.get("extra") or {}).get("rank_phases_s")
     if isinstance(ranks, list) and ranks and all(isinstance(r, dict) for r in ranks):
@@ -144,14 +148,22 @@ def profile_from_record(record: dict) -> tuple[pm.Profile, str] | None:
     if split is None or tensors is None:
         return None
     layer_times, source = split
+    forward, backward, update = phases["forward"], phases["backward"], phases.get("update", 0.0)
+    io, h2d = phases.get("io", 0.0), phases.get("h2d", 0.0)
+    scale = 1.0
+    synchronous = (record.get("extra") or {}).get("sync_compute_s")
+    if isinstance(synchronous, dict) and isinstance(synchronous.get("before_comm"), (int, float)) \
+            and forward + backward > 0:
+        # the round's slowest rank: compute stretched to the per-iteration maximum over ranks
+        scale = max(0.0, float(synchronous["before_comm"]) - io - h2d) / (forward + backward)
+        forward, backward = forward * scale, backward * scale
+        update = float(synchronous.get("update", update))
     ready, total = {}, 0.0
     for name, t in layer_times:
-        total += t
+        total += t * scale
         ready[name] = total
-    grads = tuple(pm.Grad(name, layer, nbytes, ready.get(layer, phases["backward"]))
-                  for name, layer, nbytes in tensors)
-    profile = pm.Profile(phases.get("io", 0.0), phases.get("h2d", 0.0), phases["forward"],
-                         phases["backward"], phases.get("update", 0.0), grads, prefetch=False)
+    grads = tuple(pm.Grad(name, layer, nbytes, ready.get(layer, backward)) for name, layer, nbytes in tensors)
+    profile = pm.Profile(io, h2d, forward, backward, update, grads, prefetch=False)
     return profile, source
 
 
@@ -244,7 +256,7 @@ def predict_record(record: dict, fits: list[CalibrationFit], baseline: dict | No
     prediction = pm.predict(profile, scheme, comm_time)
     measured = record.get("iter_time_median")
     error = None if not measured else (prediction.iter_time - measured) / measured
-    layer_times = layer_backward(record, profile.backward)[0]
+    layer_times = layer_backward(record, profile.backward)[0]  # rescaled to the profile's backward
     info = {"basis": basis, "scheme": {**scheme.as_dict(), "assumed": assumed}, "calibration": facts,
             "layer_source": layer_source, "comm_total_s": prediction.comm_total,
             "comm_exposed_s": prediction.comm_exposed, "backward_comm_s": prediction.backward_comm,

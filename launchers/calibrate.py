@@ -6,8 +6,10 @@ For each framework (and mode) and worker count, starts the framework's real rank
 `launchers.compare` does (its environment, its rendezvous, `python -m adapters.worker` in
 calibration mode) and times the scheme's collective through the framework's own stack
 (`Trainer.collective_times`: torch.distributed all_reduce over gloo/NCCL, MPI Allreduce, ...)
-for message sizes from --min-bytes to --max-bytes (x2 steps, nccl-tests' -b/-e/-f), plus a
-local float32 sum of the same sizes for the reduction cost.  `analysis.calibration` fits
+for message sizes from --min-bytes to --max-bytes (x2 steps, nccl-tests' -b/-e/-f), each
+sample a barrier then back-to-back calls (up to about 1 MiB per sample, at most 20: nccl-tests'
+-n, consecutive messages as backward sends them), plus a local float32 sum of the same sizes
+for the reduction cost.  `analysis.calibration` fits
 T(n) = a + b n (least squares on relative residuals) and inverts it to link-level alpha,
 beta, gamma; the fit and every timing go to the campaign's results.sqlite (tables
 ``calibration`` and ``calibration_points``), where the performance model finds them.
@@ -163,8 +165,16 @@ def calibrate(settings: dict, pythons: dict[str, str], store, console, only_miss
                 console.print(f"calibrating {info.name}:{mode} on {nodes}x{workers} "
                               f"({len(settings['sizes'])} sizes x {settings['repeats']} repeats) ...")
                 started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                if info.env not in pythons or (info.backend_env and info.backend_env not in pythons):
+                    failures.append(f"{info.name}:{mode} {nodes}x{workers}: unavailable: its environment "
+                                    "cannot be built on this machine")
+                    console.print(f"[red]{failures[-1]}[/red]")
+                    continue
                 python = pythons[framework_info(info.name).env]
-                outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"])
+                extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]}
+                             if info.backend_env in pythons else {})
+                outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"],
+                                    extra_env=extra_env)
                 record = Path(run.record_path)
                 if outcome.status != "ok" or not record.exists():
                     tail = [line for line in (outcome.error or "no result written").splitlines() if line.strip()]
@@ -178,6 +188,7 @@ def calibrate(settings: dict, pythons: dict[str, str], store, console, only_miss
                 store.add_calibration(fit, points, {int(k): v for k, v in (result.get("reduction") or {}).items()},
                                       measured_at=started, env=result.get("env"),
                                       extra={"comm_scheme": result.get("comm_scheme"),
+                                             "loop_bytes": result.get("loop_bytes"),
                                              "device_name": result.get("device_name"),
                                              "duration_s": outcome.duration_s})
                 print(format_points(fit, points), flush=True)
@@ -219,7 +230,7 @@ def run_cli(args, argv: list[str]) -> int:
 
     from analysis.store import ResultStore, StoreError
     from launchers import plan as planning
-    from launchers.envs import EnvBuildError, ensure_environment
+    from launchers.envs import EnvBuildError, EnvUnavailable, ensure_environment
 
     console = Console(stderr=True)
     try:
@@ -228,8 +239,13 @@ def run_cli(args, argv: list[str]) -> int:
         store = ResultStore.for_campaign(settings["out"])
         pythons = {}
         for info, _ in settings["frameworks"]:
-            if info.env not in pythons:
-                pythons[info.env] = str(ensure_environment(info.env, log=console.print).python)
+            for name in filter(None, (info.env, info.backend_env)):
+                if name in pythons:
+                    continue
+                try:
+                    pythons[name] = str(ensure_environment(name, log=console.print).python)
+                except EnvUnavailable as error:  # said again when its turn comes
+                    console.print(f"[yellow]{info.name}: cannot run on this machine: {error}[/yellow]")
     except (planning.UsageError, EnvBuildError, StoreError) as error:
         print(f"dlcompare: error: {error}", file=sys.stderr)
         return 2

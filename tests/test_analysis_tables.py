@@ -152,7 +152,8 @@ def test_write_tables_markdown_and_csv(frame, tmp_path):
 
 def test_analysis_imports_no_ml_framework():
     """The analysis runs in the launcher's environment, which has no framework installed."""
-    code = ("import sys, analysis.store, analysis.tables, analysis.figures, analysis.report, analysis.summary; "
+    code = ("import sys, analysis.store, analysis.tables, analysis.figures, analysis.report, analysis.summary, "
+            "analysis.perfmodel, analysis.calibration, analysis.predict; "
             "bad = {'torch', 'tensorflow', 'mxnet', 'cntk', 'horovod', 'jax', 'mpi4py'} & set(sys.modules); "
             "print(sorted(bad)); sys.exit(1 if bad else 0)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

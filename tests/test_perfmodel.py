@@ -301,3 +301,18 @@ def test_backward_split_of_a_real_model_sums_to_backward():
     assert {name for name, _ in split} == {name for name, _ in spec.gradient_sizes_backward()}
     assert sum(t for _, t in split) == pytest.approx(0.25)
     assert all(t >= 0 for _, t in split)
+
+
+def test_perfmodel_is_standard_library_only():
+    """The worker imports it inside every framework's environment (MXNet's has an old NumPy)."""
+    import ast
+    from pathlib import Path
+
+    import analysis.perfmodel as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "math", "dataclasses", "typing"}, imported

@@ -116,6 +116,28 @@ def test_slowest_rank_profile_is_used_when_kept():
     assert item["phases"]["backward"] == pytest.approx(0.050) and item["phases"]["forward"] == pytest.approx(0.020)
 
 
+def test_compute_is_stretched_to_the_slowest_rank_per_iteration():
+    """Profile rounds of two ranks, compute before the exchange (io+h2d+f+b) in ms:
+    rank 0: 60, 80, 60; rank 1: 80, 60, 60 -> each rank's median is 60 but the rounds wait for
+    80, 80, 60: median 80.  Forward and backward are stretched by (80 - 1) / 60."""
+    from adapters.worker import slowest_rank_compute
+
+    def samples(values):
+        return [{"io": 0.001, "h2d": 0.0, "forward": (v - 1) / 3e3, "backward": 2 * (v - 1) / 3e3, "update": 0.002}
+                for v in values]
+
+    found = slowest_rank_compute([{"profile_samples": samples([60, 80, 60])},
+                                  {"profile_samples": samples([80, 60, 60])}])
+    assert found["before_comm"] == pytest.approx(0.080) and found["iterations"] == 3
+    rec = record(scheme=WHOLE)
+    rec["extra"]["sync_compute_s"] = found
+    item = predict.predict_record(rec, [calibration()])
+    scale = (0.080 - 0.001) / 0.060
+    assert item["phases"]["forward"] == pytest.approx(0.020 * scale)
+    assert item["phases"]["backward"] == pytest.approx(0.040 * scale)
+    assert item["predicted_iter_time"] == pytest.approx(0.080 + 2 * ALPHA + TOTAL_BYTES * BETA + 0.002)
+
+
 def test_refresh_writes_predictions_into_the_store(tmp_path):
     with ResultStore.for_campaign(tmp_path) as store:
         store.add(record(world_size=1, scheme=WHOLE, t_iter=0.063))
@@ -294,20 +316,25 @@ LIMIT = 0.15
 
 @pytest.mark.slow
 def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
-    """Calibrate every synchronous scheme on 2 loopback ranks, run 2-rank campaigns over the
-    tiny models, and compare each run's predicted iteration time with the measured one."""
+    """Calibrate every synchronous scheme on 2 loopback ranks (torch with the calibrate CLI,
+    the others by compare --calibrate, which skips what is stored), run 2-rank campaigns over
+    the tiny models, and compare each run's predicted iteration time with the measured one."""
     out = tmp_path_factory.mktemp("model") / "loopback"
     frameworks = ",".join(SYNCHRONOUS_SCHEMES)
-    calibrated = run_cli("launchers.calibrate", "--frameworks", frameworks, "--workers", "2", "--out", str(out),
-                         "--max-bytes", "16M", "--repeats", "8", timeout=1800)
+    calibrated = run_cli("launchers.calibrate", "--frameworks", SYNCHRONOUS_SCHEMES[0], "--workers", "2",
+                         "--out", str(out), "--repeats", "8", timeout=1800)
     assert calibrated.returncode == 0, calibrated.stderr[-3000:]
-    print(calibrated.stdout[-2500:])
+    assert "algbw(GB/s)" in calibrated.stdout and "busbw(GB/s)" in calibrated.stdout
     result = run_cli("launchers.compare", "--frameworks", frameworks, "--model", LOOPBACK_MODELS, "--workers", "2",
                      "--out", str(out), "--iterations", "10", "--repeats", "5", "--warmup", "3",
-                     "--profile-iterations", "5", timeout=3600)
+                     "--profile-iterations", "5", "--calibrate", timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"calibrating {SYNCHRONOUS_SCHEMES[0]}:" not in result.stderr  # stored: not redone
+    assert all(f"calibrating {name}:" in result.stderr for name in SYNCHRONOUS_SCHEMES[1:])
     with ResultStore.for_campaign(out, create=False) as store:
         frame = store.runs_frame()
+        calibrations = store.calibration_frame()
+    print("\n" + tables.to_markdown(tables.calibration_table(calibrations)))
     table = tables.prediction_table(frame)
     shown = table[["framework_label", "model", "world_size", "measured_ms", "predicted_ms", "error_pct",
                    "comm_measured_ms", "comm_predicted_ms", "comm_exposed_pred_ms", "basis", "layer_source"]]
@@ -316,6 +343,9 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     print(tables.to_markdown(summary))
     assert set(table["basis"]) == {"calibrated"}
     assert len(summary) == len(SYNCHRONOUS_SCHEMES)
+    failures = []
     for _, row in summary.iterrows():
         errors = table[table["framework_label"] == row["framework_label"]]["error_pct"].abs() / 100
-        assert statistics.median(errors) <= LIMIT, f"{row['framework_label']}: median |error| {statistics.median(errors):.1%}"
+        if statistics.median(errors) > LIMIT:
+            failures.append(f"{row['framework_label']}: median |error| {statistics.median(errors):.1%}")
+    assert not failures, "; ".join(failures)

@@ -1,0 +1,59 @@
+"""Benchmark: images/s of TensorFlow against PyTorch on the three full models, one worker, the
+default CPU batch (launchers/plan.py), in one campaign through the same worker and timing code.
+
+    python -m bench.tf_vs_torch [--out results/bench-tf-vs-torch] [--iterations 5] [--repeats 3]
+
+It runs `python -m launchers.compare --frameworks torch,tf --model alexnet,googlenet,resnet50
+--workers 1` (so every number is also in that campaign's store and report) and prints one
+JSON line per model with both throughputs and their ratio. Both frameworks use every core
+(threads_per_worker = cores / workers), float32, synthetic data, dropout on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from launchers.envs import REPO_ROOT, reexec_in_host_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/bench-tf-vs-torch")
+    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    reexec_in_host_env("bench.tf_vs_torch", argv)
+    out = Path(args.out).resolve()
+    command = [sys.executable, "-m", "launchers.compare", "--frameworks", "torch,tf",
+               "--model", args.models, "--workers", "1", "--out", str(out),
+               "--iterations", str(args.iterations), "--repeats", str(args.repeats),
+               "--warmup", "2", "--profile-iterations", "2"]
+    code = subprocess.run(command, cwd=REPO_ROOT).returncode
+    with sqlite3.connect(out / "results.sqlite") as db:
+        rows = db.execute("SELECT model, framework, batch_per_worker, throughput, "
+                          "iter_time_median, status FROM runs").fetchall()
+    by_model: dict = {}
+    for model, framework, batch, throughput, median, status in rows:
+        by_model.setdefault(model, {})[framework] = (batch, throughput, median, status)
+    for model in args.models.split(","):
+        entry = by_model.get(model, {})
+        torch, tf = entry.get("torch"), entry.get("tf")
+        line = {"model": model, "batch": (torch or tf or (None,))[0],
+                "torch_images_per_s": torch[1] if torch else None,
+                "tf_images_per_s": tf[1] if tf else None,
+                "status": {k: v[3] for k, v in entry.items()}}
+        if torch and tf and torch[1] and tf[1]:
+            line["tf_over_torch"] = tf[1] / torch[1]
+        print(json.dumps(line), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
