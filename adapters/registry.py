@@ -27,6 +27,7 @@ class FrameworkInfo:
     synchronous_modes: tuple[str, ...]
     rendezvous: str
     server_modes: tuple[str, ...] = ()  # modes with parameter servers (--servers N)
+    servers_with_one_worker: bool = True  # False: one worker runs single-device, no server
     # A second environment whose interpreter the adapter drives (CNTK's Python 3.6); its
     # python reaches the worker as DLC_BACKEND_PYTHON.
     backend_env: str | None = None
@@ -53,6 +54,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("collective", "ps", "mirrored"),
         rendezvous="tf",
         server_modes=("ps", "ps-async"),
+        servers_with_one_worker=False,
     ),
     "cntk": FrameworkInfo(
         name="cntk",

@@ -155,11 +155,19 @@ def expand(campaign: Campaign) -> list[RunConfig]:
         for model in campaign.models:
             for nodes in campaign.nodes:
                 for workers in campaign.workers:
-                    for servers in (campaign.servers if mode in info.server_modes else [0]):
+                    for servers in server_counts(campaign, info, mode, nodes * workers):
                         for batch in campaign.batches_for(model):
                             runs.append(make_run(campaign, info, mode, model, nodes, workers,
                                                  servers, batch))
     return runs
+
+
+def server_counts(campaign: Campaign, info: FrameworkInfo, mode: str, world: int) -> list[int]:
+    """--servers applies to parameter-server modes only; where one worker runs without any
+    server (TensorFlow's single-device baseline) it is one run with servers = 0."""
+    if mode not in info.server_modes or (world == 1 and not info.servers_with_one_worker):
+        return [0]
+    return campaign.servers
 
 
 def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nodes: int,
