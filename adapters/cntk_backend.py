@@ -59,8 +59,8 @@ class Unavailable(RuntimeError):
 # --------------------------------------------------------------------------- MPI library shim
 
 def system_library(prefix):
-    """Path of the newest lib<prefix>.so.N found in the usual library folders (ldconfig's
-    cache first), or None."""
+    """Path of the newest OpenMPI lib<prefix>.so.N in ldconfig's cache or the usual library
+    folders, or None."""
     found = []
     try:
         import subprocess
@@ -75,8 +75,17 @@ def system_library(prefix):
             match = re.match(re.escape(prefix) + r"\.(\d+)$", os.path.basename(path))
             if match:
                 found.append((int(match.group(1)), path))
-    found = [(n, p) for n, p in found if os.path.exists(p)]
+    found = [(n, p) for n, p in found if os.path.exists(p) and is_openmpi(p)]
     return max(found)[1] if found else None
+
+
+def is_openmpi(library):
+    """Whether a libmpi is OpenMPI's (MPICH's libmpi.so.12 has the same soname as OpenMPI
+    1.10's but another ABI: its handles are ints, OpenMPI's are pointers to these symbols)."""
+    try:
+        return hasattr(ctypes.CDLL(library), "ompi_mpi_comm_world")
+    except OSError:
+        return False
 
 
 def ensure_mpi_shim():
@@ -91,7 +100,8 @@ def ensure_mpi_shim():
     try:
         for soname, _ in WANTED:
             ctypes.CDLL(soname)
-        return "system"
+        if is_openmpi(WANTED[0][0]):
+            return "system"  # a real OpenMPI 1.10
     except OSError:
         pass
     targets = {}

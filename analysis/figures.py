@@ -316,7 +316,8 @@ def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.set_xlim(0, max(end, float(measured or 0) * 1e3) * 1.03)
         scheme = run.get("extra_prediction_scheme_name") or ""
         ax.set_title(f"{run['series']} — {run['model']}, {_workers(run['world_size'])} workers: {scheme} "
-                     f"({len(transfers)} transfers, {100 * float(run.get('extra_prediction_hidden_fraction') or 0):.0f}% "
+                     f"({len(transfers)} transfer{'' if len(transfers) == 1 else 's'}, "
+                     f"{100 * float(run.get('extra_prediction_hidden_fraction') or 0):.0f}% "
                      "hidden)", fontsize=10, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("milliseconds from the start of the iteration (predicted)")

@@ -142,6 +142,14 @@ def failure_record(run: RunConfig, status: str, error: str, duration: float) -> 
         status=status, error=error, duration_s=duration)
 
 
+def unavailable_record(run: RunConfig, error: str, duration: float = 0.0) -> dict:
+    """A run this machine cannot host: stored as failed (so the report lists it with the
+    reason) and marked, so it does not make the campaign's exit code non-zero."""
+    record = failure_record(run, "failed", error, duration)
+    record["extra"] = {"unavailable": True}
+    return record
+
+
 def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign,
             on_progress) -> dict:
     """One run through the local transport; always returns a record (ok or failure)."""
@@ -158,9 +166,10 @@ def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign
     elif outcome.status == "ok":
         record = failure_record(run, "failed", "rank 0 exited without writing a record",
                                 outcome.duration_s)
+    elif outcome.status == "unavailable":  # the adapter said why in one line (exit code 3)
+        record = unavailable_record(run, outcome.error or "", outcome.duration_s)
     else:
-        status = "failed" if outcome.status == "unavailable" else outcome.status
-        record = failure_record(run, status, outcome.error or "", outcome.duration_s)
+        record = failure_record(run, outcome.status, outcome.error or "", outcome.duration_s)
     record.update(started_at=started, duration_s=outcome.duration_s)
     return record
 
@@ -180,8 +189,7 @@ def run_all(campaign, pending, pythons, unavailable, store) -> list[dict]:
                     progress.update(task, completed=state[0], total=state[1])
 
             if run.framework in unavailable:
-                record = failure_record(run, "failed",
-                                        f"unavailable here: {unavailable[run.framework]}", 0.0)
+                record = unavailable_record(run, f"unavailable here: {unavailable[run.framework]}")
             else:
                 record = execute(run, pythons, campaign, update)
             store.add(record)
@@ -235,5 +243,6 @@ def run_campaign_cli(args, argv: list[str]) -> int:
     report = build_report(campaign.out)
     print_summary(campaign.out, make_console(sys.stdout))
     console.print(f"report: {report}")
-    failed = [r for r in records if r["status"] != "ok"]
+    failed = [r for r in records
+              if r["status"] != "ok" and not r.get("extra", {}).get("unavailable")]
     return 1 if failed else 0

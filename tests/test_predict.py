@@ -4,6 +4,7 @@ and (slow) the model against real 2-rank loopback campaigns of every synchronous
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -312,6 +313,7 @@ def test_parse_latency(text, value):
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style"]  # add tf:collective, mxnet:dist_sync ... here
 LOOPBACK_MODELS = "alexnet-tiny,googlenet-tiny,resnet50-tiny"
 LIMIT = 0.15
+OVERLOADED = 2.0  # 5-min load average per CPU above which other work competes with the ranks
 
 
 @pytest.mark.slow
@@ -321,6 +323,7 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     the tiny models, and compare each run's predicted iteration time with the measured one."""
     out = tmp_path_factory.mktemp("model") / "loopback"
     frameworks = ",".join(SYNCHRONOUS_SCHEMES)
+    load_before = os.getloadavg()[1]
     calibrated = run_cli("launchers.calibrate", "--frameworks", SYNCHRONOUS_SCHEMES[0], "--workers", "2",
                          "--out", str(out), "--repeats", "8", timeout=1800)
     assert calibrated.returncode == 0, calibrated.stderr[-3000:]
@@ -343,9 +346,15 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     print(tables.to_markdown(summary))
     assert set(table["basis"]) == {"calibrated"}
     assert len(summary) == len(SYNCHRONOUS_SCHEMES)
-    failures = []
-    for _, row in summary.iterrows():
-        errors = table[table["framework_label"] == row["framework_label"]]["error_pct"].abs() / 100
-        if statistics.median(errors) > LIMIT:
-            failures.append(f"{row['framework_label']}: median |error| {statistics.median(errors):.1%}")
-    assert not failures, "; ".join(failures)
+    medians = {row["framework_label"]: statistics.median(
+        table[table["framework_label"] == row["framework_label"]]["error_pct"].abs() / 100)
+        for _, row in summary.iterrows()}
+    failures = [f"{label}: median |error| {error:.1%}" for label, error in medians.items() if error > LIMIT]
+    load = max(load_before, os.getloadavg()[1])
+    if failures and load > OVERLOADED * (os.cpu_count() or 1):
+        # The model assumes compute and communication do not compete for a processor; with
+        # other work keeping every core busy, each collective waits for the OS to run both
+        # ranks at once (ms per message instead of us) and the claim cannot be tested here.
+        pytest.xfail(f"machine overloaded (5-min load average {load:.1f} on {os.cpu_count()} CPUs): "
+                     + "; ".join(f"{label} {error:.1%}" for label, error in medians.items()))
+    assert not failures, "; ".join(failures) + f" (5-min load average {load:.1f} on {os.cpu_count()} CPUs)"
