@@ -177,9 +177,10 @@ def test_campaign_goes_on_without_python36(tmp_path):
                      "--iterations", "1", "--repeats", "1", "--profile-iterations", "1",
                      "--out", str(tmp_path / "campaign"),
                      env={"PYENV_ROOT": str(empty), "COLUMNS": "200"}, timeout=600)
-    # the campaign finishes and reports; its exit status is 1 because a run did not succeed
+    # the campaign finishes and reports; a framework this machine cannot host is listed with
+    # its reason but does not make the exit status non-zero
     output = " ".join((result.stdout + result.stderr).split())  # rich wraps long lines
-    assert result.returncode == 1, output[-2000:]
+    assert result.returncode == 0, output[-2000:]
     assert "report:" in output
     assert "cntk: cannot run on this machine: needs Python 3.6" in output
     from analysis.store import ResultStore
@@ -188,3 +189,4 @@ def test_campaign_goes_on_without_python36(tmp_path):
     status = {r["framework"]: (r["status"], r["error"]) for r in records}
     assert status["torch"][0] == "ok"
     assert status["cntk"][0] == "failed" and "needs Python 3.6" in status["cntk"][1]
+    assert next(r for r in records if r["framework"] == "cntk")["extra"]["unavailable"]
