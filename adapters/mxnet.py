@@ -282,42 +282,73 @@ class UnbiasedRunningVar:
     use the unbiased one (divided by n - 1). Only the running statistics differ (training
     normalises with the batch's own statistics either way); the one-step check compares them.
     The correction needs no new statistics: from MXNet's new value r1 and the old r0,
-    (1 - m) * var = r1 - m * r0, so the Caffe value is r1 + (r1 - m * r0) / (n - 1). MXNet's
-    BatchNorm updates its running statistics in backward (not in forward as torch does), so
-    r0 is saved before forward and corrected after backward: one copy and three tiny vector
-    ops per BN layer per step (ResNet-50: 53 layers of at most 2048 values), queued on MXNet's
-    engine like the rest.
+    (1 - m) * var = r1 - m * r0, so the Caffe value is r1 + (r1 - m * r0) / (n - 1), that is
+    (1 + c) * r1 - m * c * r0 with c = 1 / (n - 1). MXNet's BatchNorm updates its running
+    statistics in backward (not in forward as torch does), so r0 is copied before forward and
+    r1 corrected after backward.
+
+    Both are done for all BN layers at once by MXNet's fused multi-tensor SGD operator
+    (weight = (1 - lr * wd) * weight - lr * grad), a handful of operator calls per step instead
+    of three per layer (ResNet-50 has 53): the copy is lr = wd = -1 (0 * r0' + r0, exact), the
+    correction is weight r1, grad r0, lr = m * c, wd = -1 / m. It writes the statistics in
+    place, which also orders it after BatchNorm's backward: that backward writes them through
+    an input it declares read-only, so the engine would run a plain later *read* of them
+    concurrently with it (and read the old value), while an in-place write waits for it.
     `options["mxnet_bn_running_var"] = "biased"` keeps MXNet's own update instead.
     """
 
+    CHUNK = 32  # multi_sgd_update handles at most 60 tensors per call (61 crashes 1.9.1)
+
     def __init__(self, spec, network, contexts):
-        self.items = []  # (running_var parameter, momentum, H * W)
+        items = []  # (running_var parameter, momentum, H * W)
         for row in spec.layer_table():
             if row.kind == "BatchNorm":
                 layer = spec.node(row.name)
-                self.items.append((network.params_by_name[f"{row.name}.running_var"],
-                                   layer.momentum, row.input_shape[1] * row.input_shape[2]))
-        self.saved = {ctx: [mx.nd.zeros(param.shape, ctx=ctx) for param, _, _ in self.items]
-                      for ctx in contexts}
+                if 0.0 < layer.momentum < 1.0:
+                    items.append((network.params_by_name[f"{row.name}.running_var"],
+                                  layer.momentum, row.input_shape[1] * row.input_shape[2]))
+        self.items = items
+        # Argument lists built once: the statistics' NDArrays stay the same objects (set_data
+        # copies into them), and Python-side argument handling is most of these calls' cost.
+        self.calls: dict = {}  # ctx -> [(running, saved, momenta, spatials)] per chunk
+        for ctx in contexts:
+            chunks = []
+            for start in range(0, len(items), self.CHUNK):
+                part = items[start:start + self.CHUNK]
+                chunks.append(([param.data(ctx) for param, _, _ in part],
+                               [mx.nd.zeros(param.shape, ctx=ctx) for param, _, _ in part],
+                               [momentum for _, momentum, _ in part],
+                               [spatial for _, _, spatial in part]))
+            self.calls[ctx] = chunks
+        self.corrections: dict = {}  # (ctx, batch) -> prepared correct() calls
 
     def save(self, contexts) -> None:
+        """Before forward: r0, copied into finite buffers (0 * buffer + r0)."""
         for ctx in contexts:
-            for (param, _, _), old in zip(self.items, self.saved[ctx]):
-                param.data(ctx).copyto(old)
+            for running, saved, _, _ in self.calls[ctx]:
+                data = [a for pair in zip(saved, running) for a in pair]
+                mx.nd.multi_sgd_update(*data, lrs=(-1.0,) * len(saved), wds=(-1.0,) * len(saved),
+                                       num_weights=len(saved), out=saved)
 
     def correct(self, contexts, batch: int) -> None:
+        """After backward: r1 <- (1 + c) * r1 - m * c * r0 (a layer whose n = batch * H * W
+        is 1 has no unbiased variance: it keeps MXNet's value)."""
         for ctx in contexts:
-            for (param, momentum, spatial), old in zip(self.items, self.saved[ctx]):
-                n = batch * spatial
-                if n < 2 or momentum >= 1.0:
-                    continue
-                running = param.data(ctx)
-                # In-place operations only: MXNet's BatchNorm backward writes the statistics
-                # through an input it declares read-only, so the engine orders a later *read*
-                # of them concurrently with it (it read the old value); an in-place write
-                # waits for that backward to finish.
-                running *= 1.0 + 1.0 / (n - 1)
-                running -= old * (momentum / (n - 1))
+            key = (ctx, batch)
+            if key not in self.corrections:
+                prepared = []
+                for running, saved, momenta, spatials in self.calls[ctx]:
+                    keep = [i for i, spatial in enumerate(spatials) if batch * spatial > 1]
+                    if keep:
+                        c = [1.0 / (batch * spatials[i] - 1) for i in keep]
+                        prepared.append((
+                            [a for i in keep for a in (running[i], saved[i])],
+                            [running[i] for i in keep],
+                            tuple(momenta[i] * ci for i, ci in zip(keep, c)),
+                            tuple(-1.0 / momenta[i] for i in keep)))
+                self.corrections[key] = prepared
+            for data, out, lrs, wds in self.corrections[key]:
+                mx.nd.multi_sgd_update(*data, lrs=lrs, wds=wds, num_weights=len(out), out=out)
 
 
 # ----------------------------------------------------------------------------- input pipelines

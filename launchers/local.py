@@ -170,8 +170,14 @@ def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: st
     config.to_json(run_json)
     group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd, extra_env)
     try:
-        group.start(run_json)
+        # Ctrl-C is held back while the processes start, so none can be forked without being
+        # tracked; delivered right after, it lands in the except below and kills them all.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            group.start(run_json)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return group.wait(timeout, on_progress)
     except BaseException:
         group.kill()
         raise
-    return group.wait(timeout, on_progress)

@@ -316,7 +316,7 @@ LIMIT = 0.15
 OVERLOADED = 2.0  # 5-min load average per CPU above which other work competes with the ranks
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     """Calibrate every synchronous scheme on 2 loopback ranks (torch with the calibrate CLI,
     the others by compare --calibrate, which skips what is stored), run 2-rank campaigns over
