@@ -235,9 +235,10 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.plot([0, top], [0, top], linestyle="--", color="grey", linewidth=1.2, label="exact")
         for name, points in rows.groupby("series", sort=True):
             ax.scatter(points["measured"], points["predicted"], color=colors[name], s=50, label=name)
-            for _, p in points.iterrows():
-                ax.annotate(f"N={_workers(p['world_size'])}", (p["measured"], p["predicted"]),
-                            textcoords="offset points", xytext=(5, -10), fontsize=8)
+            if len(rows) <= 16:  # beyond that the labels would overlap (and cost their layout)
+                for _, p in points.iterrows():
+                    ax.annotate(f"N={_workers(p['world_size'])}", (p["measured"], p["predicted"]),
+                                textcoords="offset points", xytext=(5, -10), fontsize=8)
         ax.set(title=title, xlabel="measured iteration time (ms)", ylabel="predicted iteration time (ms)",
                xlim=(0, top), ylim=(0, top))
         ax.grid(alpha=0.3)

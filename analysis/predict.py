@@ -404,7 +404,7 @@ class Candidate:
 
 
 def _fmt_bandwidth(bytes_per_s: float) -> str:
-    bits = bytes_per_s * 8
+    bits = round(bytes_per_s * 8, 3)  # 1 / (1 / x) is not always x
     for unit, size in (("Tbit", 1e12), ("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
         if bits >= size:
             return f"{bits / size:g}{unit}"
@@ -413,8 +413,8 @@ def _fmt_bandwidth(bytes_per_s: float) -> str:
 
 def _fmt_latency(seconds: float) -> str:
     for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= size:
-            return f"{seconds / size:g}{unit}"
+        if seconds >= size * (1 - 1e-9):
+            return f"{round(seconds / size, 9):g}{unit}"
     return f"{seconds / 1e-9:g}ns"
 
 
@@ -569,11 +569,14 @@ def svg_plot(rows: list[dict], title: str) -> str:
     latencies = list(dict.fromkeys(r["latency"] for r in rows))
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     workers = sorted({r["workers"] for r in rows})
-    pw, ph, ml, mt, gap = 300, 210, 48, 34, 26
+    pw, ph, ml, mt, gap = 300, 210, 52, 34, 56
     legend_h = 18 * len(schemes) + 16
     width = ml + len(latencies) * (pw + gap) + 10
     height = mt + 20 + len(bandwidths) * (ph + gap + 24) + legend_h
     top = max(1.0, max((r["efficiency"] for r in rows), default=1.0))
+    low = min((r["efficiency"] for r in rows), default=0.0)
+    low = 0.0 if low < 0.5 else math.floor((low - 0.005) * 20) / 20  # zoom in when all scale well
+    span = max(top - low, 1e-9)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -591,8 +594,8 @@ def svg_plot(rows: list[dict], title: str) -> str:
                        f'{html.escape(bandwidth)}, latency {html.escape(latency)}</text>')
             out.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
             for k in range(5):
-                value = top * k / 4
-                y = y0 + ph - ph * value / top
+                value = low + span * k / 4
+                y = y0 + ph - ph * (value - low) / span
                 out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + pw}" y2="{y:.1f}" stroke="#eee"/>')
                 out.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">{value:.2f}</text>')
             for w in workers:
@@ -600,14 +603,15 @@ def svg_plot(rows: list[dict], title: str) -> str:
             for s, scheme in enumerate(schemes):
                 points = sorted((r["workers"], r["efficiency"]) for r in rows
                                 if r["scheme"] == scheme and r["bandwidth"] == bandwidth and r["latency"] == latency)
-                coords = " ".join(f"{x_of(w, x0):.1f},{y0 + ph - ph * min(e, top) / top:.1f}" for w, e in points)
+                coords = " ".join(f"{x_of(w, x0):.1f},{y0 + ph - ph * (min(e, top) - low) / span:.1f}"
+                                  for w, e in points)
                 color = PALETTE[s % len(PALETTE)]
                 out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
                 for w, e in points:
-                    out.append(f'<circle cx="{x_of(w, x0):.1f}" cy="{y0 + ph - ph * min(e, top) / top:.1f}" '
+                    out.append(f'<circle cx="{x_of(w, x0):.1f}" cy="{y0 + ph - ph * (min(e, top) - low) / span:.1f}" '
                                f'r="2.5" fill="{color}"/>')
             if j == 0:
-                out.append(f'<text x="{x0 - 36}" y="{y0 + ph / 2}" transform="rotate(-90 {x0 - 36} {y0 + ph / 2})" '
+                out.append(f'<text x="{x0 - 40}" y="{y0 + ph / 2}" transform="rotate(-90 {x0 - 40} {y0 + ph / 2})" '
                            f'text-anchor="middle">efficiency E = S/N</text>')
             out.append(f'<text x="{x0 + pw / 2}" y="{y0 + ph + 27}" text-anchor="middle">workers N</text>')
     ly = height - legend_h + 8

@@ -455,7 +455,7 @@ def model_section(built: dict[str, pd.DataFrame], made: dict[str, Path]) -> str:
     return "\n".join(parts)
 
 
-def study_section(frame: pd.DataFrame) -> str:
+def study_section(frame: pd.DataFrame, built: dict[str, pd.DataFrame] | None = None) -> str:
     """The study's tables: single-worker throughput and phases; per model, frameworks against
     1, 2, 4 workers and 2, 4 nodes with iteration time, speedup, efficiency."""
     parts = ['<section id="study"><h2>The study\'s tables</h2>',
@@ -463,13 +463,15 @@ def study_section(frame: pd.DataFrame) -> str:
              'columns, each with iteration time (ms), speedup S and efficiency E (weak scaling); '
              'a dash where a topology was not measured. Also as Markdown, CSV and LaTeX.</p>',
              "<h3>Single worker: throughput and phases</h3>"]
-    single = tables.study_single_table(frame)
-    parts.append(html_table(single, raw_headers=True))
+    study = {k: v for k, v in (built or {}).items() if k.startswith("study_")} or tables.study_tables(frame)
+    parts.append(html_table(study["study_single"], raw_headers=True))
     parts.append('<p class="links">Files: <a href="tables/study_single.csv">csv</a> · '
                  '<a href="tables/study_single.md">md</a> · <a href="tables/study_single.tex">tex</a></p>')
-    for model, table in tables.study_scaling_tables(frame).items():
+    for name, table in study.items():
+        if name == "study_single":
+            continue
+        model = name[len("study_scaling_"):]
         flat = tables.flatten_columns(table)
-        name = f"study_scaling_{model}"
         parts += [f"<h3>{esc(model)}</h3>", html_table(flat, raw_headers=True),
                   f'<p class="links">Files: <a href="tables/{name}.csv">csv</a> · <a href="tables/{name}.md">md</a>'
                   f' · <a href="tables/{name}.tex">tex</a></p>']
@@ -486,7 +488,7 @@ def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str,
         table_section("phases", built["phases"], ["phases"], made),
         table_section("scaling", built["scaling"], ["scaling"], made),
         model_section(built, made),
-        study_section(frame),
+        study_section(frame, built),
         failures_section(frame, built["failures"]),
         environment_section(frame, meta),
     ]
@@ -528,7 +530,7 @@ def build_report(out_dir: str | Path) -> Path:
         frame = store.runs_frame()
         meta = store.meta()
         calibrations = store.calibration_frame()
-    built = tables.build_tables(frame, calibrations)
+    built = {**tables.build_tables(frame, calibrations), **tables.study_tables(frame)}
     tables.write_tables(frame, out_dir, built=built)
     made = figures.make_figures(frame, out_dir)
     _drop_stale_figures(out_dir, made)

@@ -385,8 +385,11 @@ def write_tables(frame: pd.DataFrame, out_dir: str | Path, calibrations: pd.Data
     folder = Path(out_dir) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    write_study_tables(frame, out_dir)
-    for name, table in (built or build_tables(frame, calibrations)).items():
+    built = built or build_tables(frame, calibrations)
+    write_study_tables(frame, out_dir, {k: v for k, v in built.items() if k.startswith("study_")} or None)
+    for name, table in built.items():
+        if name.startswith("study_"):
+            continue
         md = folder / f"{name}.md"
         csv = folder / f"{name}.csv"
         md.write_text(f"# {TABLE_TITLES[name]}\n\n{TABLE_DESCRIPTIONS[name]}\n\n{to_markdown(table)}",
@@ -655,17 +658,30 @@ STUDY_FORMATS = {"ms": ".1f", "S": ".2f", "E": ".2f", "images_per_s": ".1f", "it
                  "h2d_ms": ".2f", "forward_ms": ".1f", "backward_ms": ".1f", "update_ms": ".2f"}
 
 
-def write_study_tables(frame: pd.DataFrame, out_dir: str | Path) -> dict[str, dict[str, Path]]:
+def study_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``study_single`` and ``study_scaling_<model>`` (see `write_study_tables`)."""
+    found = {"study_single": study_single_table(frame)}
+    found.update({f"study_scaling_{model}": table for model, table in study_scaling_tables(frame).items()})
+    return found
+
+
+def write_study_tables(frame: pd.DataFrame, out_dir: str | Path,
+                       computed: dict[str, pd.DataFrame] | None = None) -> dict[str, dict[str, Path]]:
     """The study's tables as Markdown, CSV and LaTeX under ``tables/``: ``study_single``
-    (single-worker throughput and phases) and ``study_scaling_<model>`` per model."""
+    (single-worker throughput and phases) and ``study_scaling_<model>`` per model;
+    `computed`: the `study_tables` already built."""
     folder = Path(out_dir) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    tables_ = {"study_single": (study_single_table(frame),
+    computed = computed if computed is not None else study_tables(frame)
+    tables_ = {"study_single": (computed["study_single"],
                                 "Single worker: throughput (images/s), iteration time and phases (ms)")}
-    for model, table in study_scaling_tables(frame).items():
-        tables_[f"study_scaling_{model}"] = (table, f"{model}: iteration time (ms), speedup S and efficiency E "
-                                                    "per topology (weak scaling)")
+    for name, table in computed.items():
+        if name == "study_single":
+            continue
+        model = name[len("study_scaling_"):]
+        tables_[name] = (table, f"{model}: iteration time (ms), speedup S and efficiency E per topology "
+                                "(weak scaling)")
     for old in folder.glob("study_scaling_*"):
         if old.stem not in tables_:
             old.unlink()
