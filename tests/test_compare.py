@@ -111,8 +111,11 @@ def test_interrupted_campaign_resumes_without_redoing_or_losing_runs(tmp_path, t
                                 stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if (out / "results.sqlite").exists() and len(stored_runs(out)) == 1:
-            break
+        try:
+            if len(stored_runs(out)) == 1:
+                break
+        except sqlite3.OperationalError:  # the store is being created
+            pass
         assert campaign.poll() is None, campaign.communicate()[1][-3000:]
         time.sleep(0.2)
     time.sleep(2)  # the second run's ranks are starting or running now
