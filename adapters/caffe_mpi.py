@@ -144,24 +144,26 @@ class CaffeMpiStyleTrainer(TorchTrainer):
                 "profile_granularity": "tensor", "algorithm": "ring", "transport": "mpi"}
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """MPI Allreduce (SUM, in place) of a float32 host buffer per size, as the
-        communication thread runs it; each sample: a barrier, then the mean of `iters`
-        back-to-back calls."""
+        """`allreduce_average` of a float32 gradient-like tensor per size, the very call the
+        communication thread makes per gradient (host buffer, MPI Allreduce SUM in place,
+        divide); each sample: a barrier, then the mean of `iters` back-to-back calls."""
         import time
 
         if self.comm.Get_size() < 2:
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
         times = {}
         for nbytes in sizes:
-            buffer = np.zeros(max(1, int(nbytes) // 4), dtype=np.float32)
+            tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
             for _ in range(warmup):
-                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+                allreduce_average(tensor, self.comm, self.dist.world_size)
             measured = []
             for _ in range(repeats):
                 self.comm.Barrier()
+                self.sync()
                 start = time.perf_counter()
                 for _ in range(iters):
-                    self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+                    allreduce_average(tensor, self.comm, self.dist.world_size)
+                self.sync()
                 measured.append((time.perf_counter() - start) / iters)
             times[int(nbytes)] = measured
         return times

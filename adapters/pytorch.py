@@ -7,6 +7,7 @@ communication overlaps the rest of backward. With one worker the model is not wr
 
 from __future__ import annotations
 
+import contextlib
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -249,15 +250,19 @@ class TorchTrainer(Trainer):
         timer.lap("io")
         images, labels = self._to_device(*batch)
         timer.lap("h2d")
-        loss = F.cross_entropy(self.model(images), labels)
-        timer.lap("forward")
-        self.optimizer.zero_grad(set_to_none=True)
-        if overlapped:
-            self.backward_and_aggregate(loss)
-            timer.lap("backward_comm")
-        else:
-            self.backward_local(loss)
-            timer.lap("backward")
+        # DDP decides at forward time whether backward will all-reduce, so the separated kind
+        # runs forward and backward both inside no_sync.
+        with contextlib.nullcontext() if overlapped else self.no_communication():
+            loss = F.cross_entropy(self.model(images), labels)
+            timer.lap("forward")
+            self.optimizer.zero_grad(set_to_none=True)
+            if overlapped:
+                self.backward_and_aggregate(loss)
+                timer.lap("backward_comm")
+            else:
+                self.backward_local(loss)
+                timer.lap("backward")
+        if not overlapped:
             if self.dist.distributed:
                 self.aggregate_after_backward()
             timer.lap("comm")
@@ -272,13 +277,16 @@ class TorchTrainer(Trainer):
         all-reduce 25 MB buckets while backward goes on."""
         loss.backward()
 
+    def no_communication(self):
+        """Context in which forward + backward send nothing (DDP's no_sync)."""
+        if isinstance(self.model, nn.parallel.DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
     def backward_local(self, loss):
-        """Backward only, no communication (DDP's no_sync), for the separated profile."""
-        if self.dist.distributed:
-            with self.model.no_sync():
-                loss.backward()
-        else:
-            loss.backward()
+        """Backward only, no communication (inside no_communication()), for the separated
+        profile."""
+        loss.backward()
 
     def aggregate_after_backward(self):
         """Average the gradients across ranks once backward is done: one flat all-reduce."""
@@ -331,12 +339,10 @@ class TorchTrainer(Trainer):
         """One iteration without communication or update; a post-accumulate-grad hook on each
         parameter stamps when its gradient is final (a CUDA event on GPU). The hooks exist only
         during this call, so step() pays nothing."""
-        import contextlib
         import time
 
         images, labels = self._to_device(*next(self.batches))
-        quiet = (self.model.no_sync() if isinstance(self.model, nn.parallel.DistributedDataParallel)
-                 else contextlib.nullcontext())
+        quiet = self.no_communication()
         cuda = self.device.type == "cuda"
         stamps: dict[str, list] = {}
 
@@ -375,8 +381,10 @@ class TorchTrainer(Trainer):
         return sorted(ready.items(), key=lambda item: item[1])
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """dist.all_reduce (SUM) of a float32 tensor per size, as DDP and the flat all-reduce
-        use it; each sample: a barrier, then the mean of `iters` back-to-back calls."""
+        """`allreduce_flat` of a float32 gradient-like tensor per size (copy into a flat
+        buffer, dist.all_reduce SUM, average, copy back: what the whole-gradient all-reduce and,
+        in C++, DDP's buckets do per message); each sample: a barrier, then the mean of
+        `iters` back-to-back calls."""
         import time
 
         if not dist.is_initialized():
@@ -385,14 +393,14 @@ class TorchTrainer(Trainer):
         for nbytes in sizes:
             tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
             for _ in range(warmup):
-                dist.all_reduce(tensor)
+                allreduce_flat([tensor], self.dist.world_size)
             measured = []
             for _ in range(repeats):
                 dist.barrier()
                 self.sync()
                 start = time.perf_counter()
                 for _ in range(iters):
-                    dist.all_reduce(tensor)
+                    allreduce_flat([tensor], self.dist.world_size)
                 self.sync()
                 measured.append((time.perf_counter() - start) / iters)
             times[int(nbytes)] = measured
