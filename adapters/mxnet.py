@@ -180,26 +180,17 @@ class Network(gluon.HybridBlock):
         self.leaves: dict[str, gluon.HybridBlock] = {}
         self.params_by_name: dict[str, gluon.Parameter] = {}
         with self.name_scope():
-            self._build(spec.root, spec.input_shape, dropout)
+            for node, shape in spec.leaf_inputs():
+                self._add_leaf(node, shape, dropout)
 
-    def _build(self, node, shape, dropout):
-        """Create leaf blocks depth-first; returns the node's output shape."""
-        if isinstance(node, L.Sequential):
-            for child in node.layers:
-                shape = self._build(child, shape, dropout)
-            return shape
-        if isinstance(node, (L.Concat, L.Residual)):
-            children = node.branches if isinstance(node, L.Concat) else (
-                (node.body,) + ((node.shortcut,) if node.shortcut is not None else ()))
-            for child in children:
-                self._build(child, shape, dropout)
-            return self.spec.output_shape(node, shape)
+    def _add_leaf(self, node, shape, dropout):
+        """Create and register one leaf block (layers with no block of their own, such as
+        Flatten handled in the forward walk, give None)."""
         leaf = make_leaf(node, shape, dropout, self.mkldnn)
         if leaf is not None:
             self.register_child(leaf, node.name)
             self.leaves[node.name] = leaf
             self.params_by_name.update(canonical_parameters(node, leaf))
-        return self.spec.output_shape(node, shape)
 
     def hybrid_forward(self, F, x):
         return self._run(F, self.spec.root, x)

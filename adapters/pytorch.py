@@ -32,23 +32,8 @@ class Network(nn.Module):
     def __init__(self, spec, dropout: bool):
         super().__init__()
         self.spec = spec
-        self.leaves = nn.ModuleDict()
-        self._build(spec.root, spec.input_shape, dropout)
-
-    def _build(self, node, shape, dropout):
-        """Create leaf modules depth-first; returns the node's output shape."""
-        if isinstance(node, L.Sequential):
-            for child in node.layers:
-                shape = self._build(child, shape, dropout)
-            return shape
-        if isinstance(node, (L.Concat, L.Residual)):
-            children = node.branches if isinstance(node, L.Concat) else (
-                (node.body,) + ((node.shortcut,) if node.shortcut is not None else ()))
-            for child in children:
-                self._build(child, shape, dropout)
-            return self.spec.output_shape(node, shape)
-        self.leaves[node.name] = make_leaf(node, shape, dropout)
-        return self.spec.output_shape(node, shape)
+        self.leaves = nn.ModuleDict({layer.name: make_leaf(layer, shape, dropout)
+                                     for layer, shape in spec.leaf_inputs()})
 
     def forward(self, x):
         return self._run(self.spec.root, x)

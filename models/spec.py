@@ -333,6 +333,11 @@ class ModelSpec:
         then shortcut."""
         return [n for n, _, _ in self._records if isinstance(n, LEAF_TYPES)]
 
+    def leaf_inputs(self) -> list:
+        """(leaf layer, its input shape) in forward order: what a framework builder needs to
+        create every layer without walking the tree itself."""
+        return [(n, i) for n, i, _ in self._records if isinstance(n, LEAF_TYPES)]
+
     def output_shape(self, node, input_shape) -> Shape:
         """Output shape of any node (leaf or container) fed `input_shape`; ValueError if
         impossible."""
