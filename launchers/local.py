@@ -15,15 +15,23 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
 from adapters.base import RunConfig
-from launchers.rendezvous import ProcessSpec, processes_for
+from launchers.rendezvous import Host, ProcessSpec, processes_for
 
 EXIT_UNAVAILABLE = 3  # the worker's exit code when the framework cannot run here
 POLL_SECONDS = 0.1
 TAIL_LINES = 25
+
+# How a process's command is placed: given its spec, its argv and its environment, return the
+# argv and environment to start on this machine. The identity runs it here as is; a cluster
+# transport wraps it to run on its node (`ip netns exec`, ssh, srun), a container runtime in its
+# framework's image (`podman run`). Wrappers compose, innermost first.
+CommandWrapper = Callable[[ProcessSpec, list[str], dict[str, str]],
+                          tuple[list[str], dict[str, str]]]
 
 
 @dataclass
@@ -52,10 +60,12 @@ class ProcessGroupRun:
     """The processes of one run, started together and ended together."""
 
     def __init__(self, config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str,
-                 cwd: Path, extra_env: dict[str, str] | None = None):
+                 cwd: Path, extra_env: dict[str, str] | None = None,
+                 hosts: list[Host] | None = None, wrappers: list[CommandWrapper] = ()):
         self.config = config
         self.run_dir = run_dir
-        self.specs: list[ProcessSpec] = processes_for(rendezvous_kind, config)
+        self.specs: list[ProcessSpec] = processes_for(rendezvous_kind, config, hosts)
+        self.wrappers = list(wrappers)
         self.python = python
         self.cwd = cwd
         self.extra_env = extra_env or {}
@@ -73,9 +83,12 @@ class ProcessGroupRun:
             # `{python}` in a launcher item is the framework environment's interpreter
             # (horovodrun is run as `{python} -m horovod.runner.launch`).
             launcher = [item.replace("{python}", self.python) for item in spec.launcher]
+            argv = [*launcher, self.python, "-m", "adapters.worker", str(run_json)]
+            env = {**base, **spec.env}
+            for wrap in self.wrappers:
+                argv, env = wrap(spec, argv, env)
             process = subprocess.Popen(
-                [*launcher, self.python, "-m", "adapters.worker", str(run_json)], cwd=self.cwd,
-                env={**base, **spec.env}, stdout=stdout, stderr=stderr,
+                argv, cwd=self.cwd, env=env, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, process_group=0 if self.pgid is None else self.pgid)
             stdout.close()
             stderr.close()
@@ -162,13 +175,18 @@ def wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
 
 
 def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str, cwd: Path,
-              timeout: float, on_progress=None, extra_env: dict[str, str] | None = None
+              timeout: float, on_progress=None, extra_env: dict[str, str] | None = None,
+              hosts: list[Host] | None = None, wrappers: list[CommandWrapper] = ()
               ) -> RunOutcome:
-    """Write RUN.json, start every rank, wait for all of them or the first failure."""
+    """Write RUN.json, start every rank, wait for all of them or the first failure.
+
+    `hosts` (one per node) and `wrappers` let a cluster transport or a container runtime place
+    the processes; by default every process runs here, on loopback."""
     run_dir.mkdir(parents=True, exist_ok=True)
     run_json = run_dir / "RUN.json"
     config.to_json(run_json)
-    group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd, extra_env)
+    group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd, extra_env, hosts,
+                            wrappers)
     try:
         # Ctrl-C is held back while the processes start, so none can be forked without being
         # tracked; delivered right after, it lands in the except below and kills them all.
