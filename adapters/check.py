@@ -26,7 +26,6 @@ the float32-vs-float64 error of PyTorch itself.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import shutil

@@ -227,45 +227,12 @@ class HorovodTrainer(TorchTrainer):
         gradient is final, from the start of backward), but the stamps come from tensor hooks,
         which torch.autograd.grad runs, instead of post-accumulate hooks, which it does not:
         backward here is the hook-free one of the separated profile."""
-        import time
-
         images, labels = self._to_device(*next(self.batches))
         loss = F.cross_entropy(self.model(images), labels)
         self.optimizer.zero_grad()
-        cuda = self.device.type == "cuda"
-        stamps: dict[str, list] = {}
-
-        def stamp(layer):
-            def hook(_grad):
-                if cuda:
-                    event = torch.cuda.Event(enable_timing=True)
-                    event.record()
-                    stamps.setdefault(layer, []).append(event)
-                else:
-                    stamps.setdefault(layer, []).append(time.perf_counter())
-            return hook
-
-        handles = [p.register_hook(stamp(name.rsplit(".", 1)[0]))
-                   for name, p in self.network.leaves.named_parameters() if p.requires_grad]
-        try:
-            self.sync()
-            if cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-            else:
-                start = time.perf_counter()
-            self.backward_local(loss)
-            self.sync()
-        finally:
-            for handle in handles:
-                handle.remove()
+        ready = self.layer_ready_times(loss, lambda param, hook: param.register_hook(hook))
         self.optimizer.zero_grad()
-        if cuda:
-            ready = {layer: max(start.elapsed_time(e) for e in events) / 1e3
-                     for layer, events in stamps.items()}
-        else:
-            ready = {layer: max(events) - start for layer, events in stamps.items()}
-        return sorted(ready.items(), key=lambda item: item[1])
+        return ready
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """Horovod's allreduce (Sum, in place) of a float32 tensor per size, as the optimizer

@@ -324,15 +324,27 @@ class TorchTrainer(Trainer):
         """One iteration without communication or update; a post-accumulate-grad hook on each
         parameter stamps when its gradient is final (a CUDA event on GPU). The hooks exist only
         during this call, so step() pays nothing."""
+        images, labels = self._to_device(*next(self.batches))
+        with self.no_communication():  # the forward too: DDP arms its all-reduce hooks in forward
+            loss = F.cross_entropy(self.model(images), labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            ready = self.layer_ready_times(
+                loss, lambda param, hook: param.register_post_accumulate_grad_hook(hook))
+        self.optimizer.zero_grad(set_to_none=True)
+        return ready
+
+    def layer_ready_times(self, loss, register) -> list[tuple[str, float]]:
+        """Seconds from the start of a communication-free backward of `loss` until each layer's
+        last parameter gradient is ready, earliest first. `register(param, hook)` attaches the
+        stamping hook (which kind fires depends on how backward is run); the hooks are removed
+        before returning."""
         import time
 
-        images, labels = self._to_device(*next(self.batches))
-        quiet = self.no_communication()
         cuda = self.device.type == "cuda"
         stamps: dict[str, list] = {}
 
         def stamp(layer):
-            def hook(_param):
+            def hook(_):
                 if cuda:
                     event = torch.cuda.Event(enable_timing=True)
                     event.record()
@@ -341,26 +353,24 @@ class TorchTrainer(Trainer):
                     stamps.setdefault(layer, []).append(time.perf_counter())
             return hook
 
-        with quiet:  # the forward too: DDP arms its all-reduce hooks in forward
-            loss = F.cross_entropy(self.model(images), labels)
-            self.optimizer.zero_grad(set_to_none=True)
-            handles = [p.register_post_accumulate_grad_hook(stamp(name.rsplit(".", 1)[0]))
-                       for name, p in self.network.leaves.named_parameters() if p.requires_grad]
-            try:
-                self.sync()
-                if cuda:
-                    start = torch.cuda.Event(enable_timing=True)
-                    start.record()
-                else:
-                    start = time.perf_counter()
-                self.backward_local(loss)
-                self.sync()
-            finally:
-                for handle in handles:
-                    handle.remove()
-        self.optimizer.zero_grad(set_to_none=True)
+        handles = [register(param, stamp(name.rsplit(".", 1)[0]))
+                   for name, param in self.network.leaves.named_parameters()
+                   if param.requires_grad]
+        try:
+            self.sync()
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                start = time.perf_counter()
+            self.backward_local(loss)
+            self.sync()
+        finally:
+            for handle in handles:
+                handle.remove()
         if cuda:
-            ready = {layer: max(start.elapsed_time(e) for e in events) / 1e3 for layer, events in stamps.items()}
+            ready = {layer: max(start.elapsed_time(e) for e in events) / 1e3
+                     for layer, events in stamps.items()}
         else:
             ready = {layer: max(events) - start for layer, events in stamps.items()}
         return sorted(ready.items(), key=lambda item: item[1])

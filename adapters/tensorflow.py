@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's start-up chatter out of stderr tails
 
@@ -51,7 +50,7 @@ import tensorflow as tf
 from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer
 from adapters.data import SyntheticBatches, list_jpeg_dataset
 from models import layers as L
-from models.spec import conv_output_size, pool_output_size
+from models.spec import conv_output_size
 
 # ----------------------------------------------------------------------------- model builder
 

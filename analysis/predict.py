@@ -52,14 +52,13 @@ import html
 import io
 import math
 import re
-import statistics
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from analysis import perfmodel as pm
-from analysis.calibration import CalibrationFit, link_gbps, lookup
+from analysis.calibration import CalibrationFit, lookup
 
 BASIS_SINGLE = "single worker"
 BASIS_MEASURED = "measured comm (no calibration)"

@@ -22,39 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+
+from bench import interleaved_rounds, medians, reexec_in_framework_env
 
 
-def plain_loop_seconds(network, trainer, loss_fn, images, labels, batch: int,
-                       iterations: int) -> float:
+def plain_step(network, trainer, loss_fn, images, labels, batch: int):
+    """The textbook Gluon step, waited for (MXNet's engine is asynchronous)."""
     from mxnet import autograd
     import mxnet as mx
 
-    start = time.perf_counter()
-    for _ in range(iterations):
+    def step():
         with autograd.record():
             loss = loss_fn(network(images), labels)
         loss.backward()
         trainer.step(batch)
-    mx.nd.waitall()
-    return (time.perf_counter() - start) / iterations
-
-
-def adapter_seconds(trainer, iterations: int) -> float:
-    start = time.perf_counter()
-    for _ in range(iterations):
-        trainer.step()
-    trainer.sync()
-    return (time.perf_counter() - start) / iterations
-
-
-def profile_seconds(trainer, iterations: int) -> float:
-    total = 0.0
-    for _ in range(iterations):
-        total += sum(trainer.profile_step(overlapped=False).values())
-    return total / iterations
+        mx.nd.waitall()
+    return step
 
 
 def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) -> dict:
@@ -84,21 +68,20 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
     images, labels = synthetic_batch(0, 0, batch, spec.input_shape, spec.num_classes)
     images, labels = mx.nd.array(images), mx.nd.array(labels, dtype="float32")
 
-    plain_loop_seconds(network, plain, loss_fn, images, labels, batch, 2)  # warm-up both
-    adapter_seconds(adapter, 2)
-    plain_s, adapter_s, profile_s = [], [], []
-    for _ in range(rounds):
-        plain_s.append(plain_loop_seconds(network, plain, loss_fn, images, labels, batch,
-                                          iterations))
-        adapter_s.append(adapter_seconds(adapter, iterations))
-        profile_s.append(profile_seconds(adapter, iterations))
-    result = {"model": model, "batch": batch, "threads": threads,
-              "plain_s": statistics.median(plain_s), "adapter_s": statistics.median(adapter_s),
-              "profile_s": statistics.median(profile_s),
-              "plain_rounds": plain_s, "adapter_rounds": adapter_s}
+    def adapter_step():
+        adapter.step()
+        adapter.sync()
+
+    timings = interleaved_rounds({
+        "plain": plain_step(network, plain, loss_fn, images, labels, batch),
+        "adapter": adapter_step,
+        "profile": lambda: adapter.profile_step(overlapped=False),
+    }, iterations, rounds)
+    result = {"model": model, "batch": batch, "threads": threads, **medians(timings),
+              "plain_rounds": timings["plain"], "adapter_rounds": timings["adapter"]}
     result["adapter_over_plain"] = result["adapter_s"] / result["plain_s"]
     # On a shared machine the least-disturbed round of each is a second, steadier estimate.
-    result["adapter_over_plain_min"] = min(adapter_s) / min(plain_s)
+    result["adapter_over_plain_min"] = min(timings["adapter"]) / min(timings["plain"])
     result["profile_over_throughput"] = result["profile_s"] / result["adapter_s"]
     adapter.close()
     return result
@@ -112,12 +95,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    if "mxnet" not in sys.modules and os.environ.get("DLCOMPARE_BENCH_IN_ENV") != "1":
-        from launchers.envs import REPO_ROOT, ensure_environment
-
-        env = ensure_environment("mxnet", log=print)
-        os.environ.update(DLCOMPARE_BENCH_IN_ENV="1", PYTHONPATH=str(REPO_ROOT))
-        os.execv(str(env.python), [str(env.python), "-m", "bench.mxnet_overhead", *sys.argv[1:]])
+    reexec_in_framework_env("mxnet", "bench.mxnet_overhead")
     threads = os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # before MXNet starts its engine
     import platform

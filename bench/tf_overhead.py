@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+
+from bench import interleaved_rounds, medians, reexec_in_framework_env
 
 DEFAULT_BATCH = {"alexnet": 16, "googlenet": 8, "resnet50": 4}  # launchers/plan.py (CPU)
 
@@ -125,13 +125,6 @@ def keras_model(spec, weights, dropout: bool):
     return model
 
 
-def timed(fn, iterations: int) -> float:
-    start = time.perf_counter()
-    for _ in range(iterations):
-        fn()
-    return (time.perf_counter() - start) / iterations
-
-
 def measure(model_name: str, batch: int, iterations: int, rounds: int, threads: int) -> dict:
     import tensorflow as tf
     from tensorflow import keras
@@ -165,16 +158,10 @@ def measure(model_name: str, batch: int, iterations: int, rounds: int, threads: 
     def profile_step():
         sum(trainer.profile_step(overlapped=False).values())
 
-    for fn in (keras_step, adapter_step, profile_step):  # trace and warm up all three
-        timed(fn, 2)
-    keras_s, adapter_s, profile_s = [], [], []
-    for _ in range(rounds):
-        keras_s.append(timed(keras_step, iterations))
-        adapter_s.append(timed(adapter_step, iterations))
-        profile_s.append(timed(profile_step, iterations))
-    result = {"model": model_name, "batch": batch, "threads": threads,
-              "keras_s": statistics.median(keras_s), "adapter_s": statistics.median(adapter_s),
-              "profile_s": statistics.median(profile_s)}
+    timings = interleaved_rounds(
+        {"keras": keras_step, "adapter": adapter_step, "profile": profile_step},
+        iterations, rounds)
+    result = {"model": model_name, "batch": batch, "threads": threads, **medians(timings)}
     result["adapter_over_keras"] = result["adapter_s"] / result["keras_s"]
     result["profile_over_throughput"] = result["profile_s"] / result["adapter_s"]
     result["adapter_images_per_s"] = batch / result["adapter_s"]
@@ -189,13 +176,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="0: every core")
     args = parser.parse_args()
-    if os.environ.get("DLCOMPARE_BENCH_IN_ENV") != "1":
-        from launchers.envs import REPO_ROOT, ensure_environment
-
-        env = ensure_environment("tf", log=print)
-        os.environ.update(DLCOMPARE_BENCH_IN_ENV="1", PYTHONPATH=str(REPO_ROOT),
-                          TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-        os.execv(str(env.python), [str(env.python), "-m", "bench.tf_overhead", *sys.argv[1:]])
+    reexec_in_framework_env("tf", "bench.tf_overhead", TF_USE_LEGACY_KERAS="1",
+                            TF_CPP_MIN_LOG_LEVEL="2")
     import platform
 
     import tensorflow as tf

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
-from launchers.envs import REPO_ROOT, reexec_in_host_env
+from bench import run_compare, stored_runs
+from launchers.envs import reexec_in_host_env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,14 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.tf_vs_torch", argv)
     out = Path(args.out).resolve()
-    command = [sys.executable, "-m", "launchers.compare", "--frameworks", "torch,tf",
-               "--model", args.models, "--workers", "1", "--out", str(out),
-               "--iterations", str(args.iterations), "--repeats", str(args.repeats),
-               "--warmup", "2", "--profile-iterations", "2"]
-    code = subprocess.run(command, cwd=REPO_ROOT).returncode
-    with sqlite3.connect(out / "results.sqlite") as db:
-        rows = db.execute("SELECT model, framework, batch_per_worker, throughput, "
-                          "iter_time_median, status FROM runs").fetchall()
+    code = run_compare(["--frameworks", "torch,tf", "--model", args.models, "--workers", "1",
+                        "--iterations", str(args.iterations), "--repeats", str(args.repeats),
+                        "--warmup", "2", "--profile-iterations", "2"], out)
+    rows = stored_runs(out, "model, framework, batch_per_worker, throughput, "
+                            "iter_time_median, status")
     by_model: dict = {}
     for model, framework, batch, throughput, median, status in rows:
         by_model.setdefault(model, {})[framework] = (batch, throughput, median, status)

@@ -14,39 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+
+from bench import interleaved_rounds, medians, reexec_in_framework_env
 
 
-def plain_loop_seconds(network, images, labels, iterations: int) -> float:
+def plain_step(network, images, labels):
     """What a user would write by hand: forward, loss, zero_grad, backward, SGD step."""
     import torch
     import torch.nn.functional as F
 
     optimizer = torch.optim.SGD(network.parameters(), lr=0.01, momentum=0.9)
-    start = time.perf_counter()
-    for _ in range(iterations):
+
+    def step():
         loss = F.cross_entropy(network(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return (time.perf_counter() - start) / iterations
-
-
-def adapter_seconds(trainer, iterations: int) -> float:
-    start = time.perf_counter()
-    for _ in range(iterations):
-        trainer.step()
-    trainer.sync()
-    return (time.perf_counter() - start) / iterations
-
-
-def profile_seconds(trainer, iterations: int) -> float:
-    total = 0.0
-    for _ in range(iterations):
-        total += sum(trainer.profile_step(overlapped=False).values())
-    return total / iterations
+    return step
 
 
 def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) -> dict:
@@ -68,16 +53,12 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
                                    strict=False)
     images, labels = synthetic_batch(0, 0, batch, spec.input_shape, spec.num_classes)
     images, labels = torch.from_numpy(images), torch.from_numpy(labels)
-    plain_loop_seconds(network, images, labels, 2)  # warm-up both
-    adapter_seconds(trainer, 2)
-    plain, adapter, profile = [], [], []
-    for _ in range(rounds):
-        plain.append(plain_loop_seconds(network, images, labels, iterations))
-        adapter.append(adapter_seconds(trainer, iterations))
-        profile.append(profile_seconds(trainer, iterations))
-    result = {"model": model, "batch": batch, "threads": threads,
-              "plain_s": statistics.median(plain), "adapter_s": statistics.median(adapter),
-              "profile_s": statistics.median(profile)}
+    timings = interleaved_rounds({
+        "plain": plain_step(network, images, labels),
+        "adapter": trainer.step,  # synchronous on the CPU
+        "profile": lambda: trainer.profile_step(overlapped=False),
+    }, iterations, rounds)
+    result = {"model": model, "batch": batch, "threads": threads, **medians(timings)}
     result["adapter_over_plain"] = result["adapter_s"] / result["plain_s"]
     result["profile_over_throughput"] = result["profile_s"] / result["adapter_s"]
     return result
@@ -90,12 +71,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    if "torch" not in sys.modules and os.environ.get("DLCOMPARE_BENCH_IN_ENV") != "1":
-        from launchers.envs import REPO_ROOT, ensure_environment
-
-        env = ensure_environment("torch", log=print)
-        os.environ.update(DLCOMPARE_BENCH_IN_ENV="1", PYTHONPATH=str(REPO_ROOT))
-        os.execv(str(env.python), [str(env.python), "-m", "bench.torch_overhead", *sys.argv[1:]])
+    reexec_in_framework_env("torch", "bench.torch_overhead")
     import platform
 
     import torch

@@ -6,6 +6,7 @@ the set-up a clean clone needs besides the system packages .ci/run installs.
 """
 
 import sys
+from pathlib import Path
 
 from launchers.envs import reexec_in_host_env
 
@@ -14,5 +15,10 @@ if __name__ == "__main__":
     import pytest
 
     # Timing-accuracy targets (marker "bench") need a quiet machine: run them on purpose with
-    # `python -m tests -m bench`; a later -m given by the user replaces this default.
-    sys.exit(pytest.main(["-ra", "-m", "not bench", "tests", *sys.argv[1:]]))
+    # `python -m tests -m bench`; a later -m given by the user replaces this default. Test
+    # files or node ids given by the user replace the whole folder.
+    arguments = sys.argv[1:]
+    chosen = any(Path(arg.split("::")[0]).exists() for arg in arguments
+                 if not arg.startswith("-"))
+    sys.exit(pytest.main(["-ra", "-m", "not bench", *([] if chosen else ["tests"]),
+                          *arguments]))

@@ -58,3 +58,93 @@ def tf_python() -> str:
     from launchers.envs import ensure_environment
 
     return str(ensure_environment("tf", log=print).python)
+
+
+def check_run(tmp: Path, python: str, framework: str, model: str, *, mode: str | None = None,
+              workers: int = 1, batch: int = 4, steps: int = 1, servers: int = 0,
+              options: dict | None = None, timeout: float = 300,
+              extra_env: dict | None = None) -> Path:
+    """The worker in check mode through the local transport, as a campaign starts it: gradients
+    on the first batch, `steps` SGD steps, then every rank's weights, dumped as .npz files in
+    the returned folder. Dropout is off and each rank gets one thread, so runs compare."""
+    from adapters.base import RunConfig
+    from adapters.registry import framework_info
+    from launchers.local import run_local
+
+    info = framework_info(framework)
+    mode = mode or info.modes[0]
+    out = tmp / f"{framework}-{mode}-{model}-w{workers}-b{batch}-s{servers}-n{steps}"
+    config = RunConfig(run_id=out.name, framework=framework, mode=mode, model=model,
+                       batch_per_worker=batch, workers_per_node=workers, servers=servers,
+                       dropout=False, threads_per_worker=1, options=options or {},
+                       rank_dir=str(out), check={"steps": steps, "out_dir": str(out)})
+    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=timeout,
+                        extra_env=extra_env)
+    assert outcome.status == "ok", outcome.error
+    return out
+
+
+def load(path: Path) -> dict:
+    """An .npz dump as a plain dict of arrays."""
+    import numpy as np
+
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+def assert_ranks_equal_one_process(several: Path, one: Path, model: str, ranks: int = 2) -> float:
+    """Every parameter bit-identical on every rank, equal to one process stepping on the global
+    batch, and really moved by the step (a no-op step would also be "equal"). Returns the
+    largest difference from the one process. Models without batch norm only: with it each
+    worker normalises by its own share of the batch, not the global batch's statistics."""
+    import numpy as np
+
+    from models import canonical_weights, get_model
+
+    spec = get_model(model)
+    assert not spec.buffer_shapes(), "batch-norm models differ from the global batch by design"
+    weights = [load(several / f"weights_rank{r}.npz") for r in range(ranks)]
+    single = load(one / "weights_rank0.npz")
+    assert weights[0].keys() == single.keys() == set(spec.parameter_shapes())
+    worst = 0.0
+    for name in single:
+        for other in weights[1:]:
+            assert np.array_equal(weights[0][name], other[name]), f"ranks differ in {name}"
+        np.testing.assert_allclose(weights[0][name], single[name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        worst = max(worst, float(np.max(np.abs(weights[0][name] - single[name]))))
+    initial = canonical_weights(spec)
+    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
+    print(f"{several.name}: max |{ranks} ranks - 1 process| = {worst:.2e}, "
+          f"max step change = {moved:.2e}")
+    assert moved > 100 * max(worst, 1e-9)
+    return worst
+
+
+def overlap_run(out: Path, python: str, framework: str, mode: str | None = None,
+                model: str = "alexnet", batch: int = 4) -> dict:
+    """One 2-rank run of the real worker with 5 profile iterations of each kind (communication
+    after backward, and the framework's own overlapped way); returns its record, printing the
+    times the overlap comes from."""
+    import json
+
+    from adapters.base import RunConfig
+    from adapters.registry import framework_info
+    from launchers.local import run_local
+
+    info = framework_info(framework)
+    mode = mode or info.modes[0]
+    config = RunConfig(run_id=out.name, framework=framework, mode=mode, model=model,
+                       batch_per_worker=batch, workers_per_node=2, warmup=1, iterations=1,
+                       repeats=1, profile_iterations=5, dropout=False, rank_dir=str(out),
+                       record_path=str(out / "record.json"))
+    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=900)
+    assert outcome.status == "ok", outcome.error
+    record = json.loads((out / "record.json").read_text())
+    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
+    print(f"{framework}:{mode} {model} b{batch} x2 ({out.name}): backward "
+          f"{phases['backward']:.3f} s, communication after backward {phases['comm']:.3f} s, "
+          f"backward with its overlapped communication "
+          f"{record['extra']['profile_backward_comm']:.3f} s -> overlap {record['overlap']:.2f}"
+          f"; iteration {record['iter_time_median']:.3f} s")
+    return record

@@ -14,7 +14,6 @@ import ast
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from adapters.base import RunConfig
@@ -23,7 +22,8 @@ from adapters.registry import framework_info
 from launchers.envs import REPO_ROOT, EnvUnavailable, ensure_environment
 from launchers.local import run_local
 from models import canonical_weights, get_model
-from tests.conftest import run_cli
+from tests.conftest import assert_ranks_equal_one_process, load, run_cli
+from tests.conftest import check_run as run_check
 
 BACKEND = REPO_ROOT / "adapters" / "cntk_backend.py"
 
@@ -41,21 +41,8 @@ def cntk_env() -> dict:
 
 def check_run(tmp: Path, python: str, framework: str, model: str, batch: int, steps: int,
               workers: int = 1, extra_env: dict | None = None) -> Path:
-    """The worker in check mode: gradients on the first batch, `steps` SGD steps, weights."""
-    info = framework_info(framework)
-    out = tmp / f"{framework}-{model}-w{workers}-b{batch}-s{steps}"
-    config = RunConfig(run_id=out.name, framework=framework, mode=info.modes[0], model=model,
-                       batch_per_worker=batch, workers_per_node=workers, dropout=False,
-                       rank_dir=str(out), check={"steps": steps, "out_dir": str(out)})
-    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=600,
-                        extra_env=extra_env)
-    assert outcome.status == "ok", outcome.error
-    return out
-
-
-def load(path: Path) -> dict:
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
+    return run_check(tmp, python, framework, model, batch=batch, steps=steps, workers=workers,
+                     timeout=600, extra_env=extra_env)
 
 
 # ----------------------------------------------------------------------------- no processes
@@ -152,18 +139,7 @@ def test_two_mpi_ranks_equal_one_process_on_the_global_batch(tmp_path, cntk_env)
     model = "googlenet-tiny"
     two = check_run(tmp_path, cntk_env["python"], "cntk", model, 4, 2, workers=2, extra_env=env)
     one = check_run(tmp_path, cntk_env["python"], "cntk", model, 8, 2, workers=1, extra_env=env)
-    rank0, rank1 = load(two / "weights_rank0.npz"), load(two / "weights_rank1.npz")
-    single = load(one / "weights_rank0.npz")
-    initial = canonical_weights(get_model(model))
-    worst = max(float(np.max(np.abs(rank0[n] - single[n]))) for n in single)
-    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
-    print(f"\ncntk mpi {model}: max |2-rank - 1-process| = {worst:.2e}, "
-          f"max change = {moved:.2e}")
-    for name in single:
-        assert np.array_equal(rank0[name], rank1[name]), f"ranks differ in {name}"
-        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-    assert moved > 100 * max(worst, 1e-9)
+    assert_ranks_equal_one_process(two, one, model)
 
 
 @pytest.mark.slow

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from adapters.base import DistInfo, RunConfig
-from adapters.registry import framework_info, parse_framework_mode
+from adapters.registry import parse_framework_mode
 from launchers.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
+from tests.conftest import assert_ranks_equal_one_process, load, overlap_run
+from tests.conftest import check_run as run_check
 
 
 def config_for(mode: str, workers: int, **extra) -> RunConfig:
@@ -145,21 +147,9 @@ def test_options_and_the_hook_free_backward_in_the_horovod_environment(horovod_p
 
 def check_run(tmp: Path, python: str, mode: str, model: str, workers: int, batch: int,
               steps: int) -> Path:
-    """The worker in equivalence mode (gradients, `steps` steps, weights dumped per rank)."""
-    out = tmp / f"horovod-{mode}-{model}-w{workers}"
-    config = RunConfig(run_id=out.name, framework="horovod", mode=mode, model=model,
-                       batch_per_worker=batch, workers_per_node=workers, dropout=False,
-                       options={"fusion_mb": 1},  # several fusion buffers, not one
-                       rank_dir=str(out), check={"steps": steps, "out_dir": str(out)})
-    outcome = run_local(config, python, out, framework_info("horovod").rendezvous, REPO_ROOT,
-                        timeout=300)
-    assert outcome.status == "ok", outcome.error
-    return out
-
-
-def load(path: Path) -> dict:
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
+    """The check-mode worker with several fusion buffers (1 MiB), not one."""
+    return run_check(tmp, python, "horovod", model, mode=mode, workers=workers, batch=batch,
+                     steps=steps, options={"fusion_mb": 1})
 
 
 @pytest.mark.slow
@@ -168,15 +158,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, horovod_pytho
     model = "googlenet-tiny"
     two = check_run(tmp_path, horovod_python, mode, model, workers=2, batch=4, steps=2)
     one = check_run(tmp_path, horovod_python, mode, model, workers=1, batch=8, steps=2)
-    rank0, rank1 = load(two / "weights_rank0.npz"), load(two / "weights_rank1.npz")
-    single = load(one / "weights_rank0.npz")
-    assert rank0.keys() == single.keys()
-    worst = 0.0
-    for name in single:
-        assert np.array_equal(rank0[name], rank1[name]), f"ranks differ in {name}"
-        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        worst = max(worst, float(np.max(np.abs(rank0[name] - single[name]))))
+    assert_ranks_equal_one_process(two, one, model)
     # The local gradients the check dumped are each rank's own (no collective leaked in), and
     # their mean is the single process's gradient on the global batch.
     g0, g1, g = (load(folder / f"grads_rank{r}.npz")
@@ -186,32 +168,6 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, horovod_pytho
     for name in names:
         np.testing.assert_allclose((g0[name] + g1[name]) / 2, g[name], rtol=1e-4, atol=1e-6,
                                    err_msg=name)
-    from models import canonical_weights, get_model
-
-    initial = canonical_weights(get_model(model))
-    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
-    print(f"horovod:{mode} {model}: max |2-rank - 1-process| = {worst:.2e}, "
-          f"max change over 2 steps = {moved:.2e}")
-    assert moved > 100 * max(worst, 1e-9)
-
-
-def measure_overlap(out: Path, python: str) -> dict:
-    """One 2-rank run of the real worker (horovodrun, gloo); returns its record."""
-    config = RunConfig(run_id=out.name, framework="horovod", mode="gloo", model="alexnet",
-                       batch_per_worker=4, workers_per_node=2, warmup=1, iterations=1,
-                       repeats=1, profile_iterations=5, dropout=False, rank_dir=str(out),
-                       record_path=str(out / "record.json"))
-    outcome = run_local(config, python, out, "horovod", REPO_ROOT, timeout=900)
-    assert outcome.status == "ok", outcome.error
-    record = json.loads((out / "record.json").read_text())
-    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
-    print(f"horovod:gloo alexnet b4 x2 ({out.name}): backward {phases['backward']:.3f} s, "
-          f"all-reduce after backward {phases['comm']:.3f} s, backward with overlapped "
-          f"all-reduce {record['extra']['profile_backward_comm']:.3f} s -> overlap "
-          f"{record['overlap']:.2f}; per-rank comm "
-          f"{[round(c, 3) for c in record['extra']['rank_comm_s']]}; "
-          f"iteration {record['iter_time_median']:.3f} s")
-    return record
 
 
 @pytest.mark.slow
@@ -231,7 +187,7 @@ def test_measured_overlap_of_fused_allreduce_with_backward(tmp_path, horovod_pyt
 
     overlaps = []
     for attempt in range(3):
-        record = measure_overlap(tmp_path / f"overlap{attempt}", horovod_python)
+        record = overlap_run(tmp_path / f"overlap{attempt}", horovod_python, "horovod", "gloo")
         assert record["extra"]["backend"] == "horovod-gloo"
         scheme = Scheme.from_dict(record["extra"]["comm_scheme"])  # the model can read it
         assert scheme.overlap and scheme.merge == "greedy"

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from models import (
-    LRN, MODEL_NAMES, BatchNorm, Concat, Conv2d, Dropout, Flatten, Linear, ModelSpec, Pool2d,
-    ReLU, Residual, Sequential, canonical_weights, get_model, load_npz, save_npz,
+    LRN, MODEL_NAMES, Concat, Conv2d, Dropout, Flatten, Linear, ModelSpec, Pool2d,
+    Residual, Sequential, canonical_weights, get_model, load_npz, save_npz,
 )
 from models.spec import pool_output_size
 from models.weights import check_weights
+from tests.conftest import REPO_ROOT
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = ("alexnet", "googlenet", "resnet50")
@@ -326,96 +327,15 @@ def test_cli_unknown_model():
 # --------------------------------------------------------------------------- PyTorch cross-check
 
 
-def _torch_build(spec, device=None):
-    """Plain torch.nn modules for `spec`; returns (module, {node name: module})."""
-    torch = pytest.importorskip("torch")
-    nn = torch.nn
-    inputs = {r.name: r.input_shape for r in spec.layer_table()}
-    by_name = {}
-
-    class Cat(nn.Module):
-        def __init__(self, branches):
-            super().__init__()
-            self.branches = nn.ModuleList(branches)
-
-        def forward(self, x):
-            return torch.cat([b(x) for b in self.branches], dim=1)
-
-    class Add(nn.Module):
-        def __init__(self, body, shortcut):
-            super().__init__()
-            self.body, self.shortcut = body, shortcut
-
-        def forward(self, x):
-            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
-
-    def leaf(layer):
-        shape = inputs[layer.name]
-        if isinstance(layer, Conv2d):
-            return nn.Conv2d(shape[0], layer.out_channels, layer.kernel, layer.stride, layer.pad,
-                             groups=layer.groups, bias=layer.bias, device=device)
-        if isinstance(layer, Linear):
-            return nn.Linear(shape[0], layer.out_features, bias=layer.bias, device=device)
-        if isinstance(layer, BatchNorm):
-            return nn.BatchNorm2d(shape[0], layer.eps, 1 - layer.momentum, device=device)
-        if isinstance(layer, Pool2d):
-            if layer.global_pool:
-                return nn.AdaptiveMaxPool2d(1) if layer.mode == "max" else nn.AdaptiveAvgPool2d(1)
-            cls = nn.MaxPool2d if layer.mode == "max" else nn.AvgPool2d
-            return cls(layer.kernel, layer.stride, layer.pad, ceil_mode=True)
-        if isinstance(layer, LRN):
-            return nn.LocalResponseNorm(layer.size, layer.alpha, layer.beta, layer.k)
-        if isinstance(layer, Dropout):
-            return nn.Dropout(layer.p)
-        return {ReLU: nn.ReLU, Flatten: nn.Flatten}[type(layer)]()
-
-    def build(node):
-        if isinstance(node, Sequential):
-            module = nn.Sequential(*[build(n) for n in node.layers])
-        elif isinstance(node, Concat):
-            module = Cat([build(b) for b in node.branches])
-        elif isinstance(node, Residual):
-            module = Add(build(node.body), node.shortcut and build(node.shortcut))
-        else:
-            module = leaf(node)
-        by_name[node.name] = module
-        return module
-
-    return build(spec.root), by_name
-
-
-@pytest.mark.parametrize("name", MODEL_NAMES)
-def test_torch_parameter_count(name):
-    """Built on the meta device: no memory, no init, just shapes."""
-    spec = get_model(name)
-    model, _ = _torch_build(spec, device="meta")
-    assert sum(p.numel() for p in model.parameters()) == spec.total_params
-    buffers = [b for n, b in model.named_buffers() if not n.endswith("num_batches_tracked")]
-    assert sum(b.numel() for b in buffers) == sum(
-        math.prod(s) for s in spec.buffer_shapes().values())
-
-
-@pytest.mark.parametrize("name", TINY)
-def test_torch_tiny_forward_backward(name):
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    spec = get_model(name)
-    model, by_name = _torch_build(spec)
-    with torch.no_grad():
-        for key, array in canonical_weights(spec).items():
-            layer, attr = key.rsplit(".", 1)
-            target = getattr(by_name[layer], attr)
-            assert tuple(target.shape) == array.shape, key  # canonical layout == torch layout
-            target.copy_(torch.from_numpy(array))
-    seen = {}
-    for node_name, module in by_name.items():
-        module.register_forward_hook(
-            lambda m, i, o, n=node_name: seen.__setitem__(n, tuple(o.shape[1:])))
-    x = torch.randn(4, *spec.input_shape)
-    logits = model(x)
-    assert logits.shape == (4, spec.num_classes)
-    assert seen == spec.output_shapes()  # every node, containers included
-    loss = torch.nn.functional.cross_entropy(logits, torch.arange(4) % spec.num_classes)
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert all(p.grad is not None for p in model.parameters())
+@pytest.mark.parametrize("check,name", [("parameter_count", name) for name in MODEL_NAMES]
+                         + [("tiny_forward_backward", name) for name in TINY])
+def test_plain_torch_build_agrees_with_the_description(torch_python, check, name):
+    """tests/torch_reference.py builds each net from plain torch.nn modules, independently of
+    adapters/pytorch.py, and checks it against models/ inside the PyTorch environment (the
+    launcher's environment has no torch)."""
+    result = subprocess.run([torch_python, "-m", "tests.torch_reference", check, name],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin",
+                                 "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok"), result.stdout

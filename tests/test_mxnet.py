@@ -17,15 +17,15 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from adapters.base import RunConfig
-from adapters.registry import UnknownFramework, framework_info, parse_framework_mode
+from adapters.registry import UnknownFramework, parse_framework_mode
 from launchers.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
-from tests.conftest import run_cli, worker_processes
+from tests.conftest import assert_ranks_equal_one_process, run_cli, worker_processes
+from tests.conftest import check_run as run_check
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
 
@@ -38,10 +38,6 @@ def run_in_env(python: str, code: str, timeout: float = 600) -> str:
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 
-
-def load(path: Path) -> dict:
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
 
 
 # ----------------------------------------------------------------------------- names and plans
@@ -209,41 +205,8 @@ def test_composite_lrn_is_caffes_lrn_forward_and_backward(mxnet_python):
 
 def check_run(tmp: Path, python: str, mode: str, model: str, workers: int, batch: int,
               servers: int, steps: int = 1, timeout: float = 300) -> Path:
-    """Run the worker in equivalence mode through the launcher; returns the dump folder."""
-    out = tmp / f"{mode}-{model}-w{workers}-s{servers}"
-    config = RunConfig(run_id=out.name, framework="mxnet", mode=mode, model=model,
-                       batch_per_worker=batch, workers_per_node=workers, servers=servers,
-                       dropout=False, threads_per_worker=1, rank_dir=str(out),
-                       check={"steps": steps, "out_dir": str(out)})
-    outcome = run_local(config, python, out, "dmlc", REPO_ROOT, timeout=timeout)
-    assert outcome.status == "ok", outcome.error
-    return out
-
-
-def assert_two_equal_one(two: Path, one: Path, model: str, ranks: int = 2) -> None:
-    """Every parameter bit-identical on every rank, equal to one worker on the global batch,
-    and really moved by the step (a no-op step would also be "equal"). Models without batch
-    norm: with it, each worker normalises by its own half of the batch, which is not the
-    global batch's statistics in any framework without synchronised BN."""
-    from models import canonical_weights, get_model
-
-    spec = get_model(model)
-    assert not spec.buffer_shapes(), "batch-norm models differ from the global batch by design"
-    weights = [load(two / f"weights_rank{r}.npz") for r in range(ranks)]
-    single = load(one / "weights_rank0.npz")
-    assert weights[0].keys() == single.keys() == set(spec.parameter_shapes())
-    worst = 0.0
-    for name in single:
-        for other in weights[1:]:
-            assert np.array_equal(weights[0][name], other[name]), f"ranks differ in {name}"
-        np.testing.assert_allclose(weights[0][name], single[name], rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        worst = max(worst, float(np.max(np.abs(weights[0][name] - single[name]))))
-    initial = canonical_weights(spec)
-    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
-    print(f"{two.name}: max |{ranks} workers - 1 worker| = {worst:.2e}, "
-          f"max step change = {moved:.2e}")
-    assert moved > 100 * max(worst, 1e-9)
+    return run_check(tmp, python, "mxnet", model, mode=mode, workers=workers, batch=batch,
+                     servers=servers, steps=steps, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -260,7 +223,7 @@ def test_dist_sync_two_workers_equal_one_worker_on_the_global_batch(tmp_path, mx
                     servers=servers, steps=2)
     one = check_run(tmp_path, mxnet_python, "dist_sync", model, workers=1, batch=8,
                     servers=1, steps=2)
-    assert_two_equal_one(two, one, model)
+    assert_ranks_equal_one_process(two, one, model)
 
 
 @pytest.mark.slow
@@ -270,7 +233,7 @@ def test_in_process_kvstore_two_devices_equal_one_on_the_global_batch(tmp_path, 
                     servers=0, steps=2)
     one = check_run(tmp_path, mxnet_python, "device", "googlenet-tiny", workers=1, batch=8,
                     servers=0, steps=2)
-    assert_two_equal_one(two, one, "googlenet-tiny", ranks=1)
+    assert_ranks_equal_one_process(two, one, "googlenet-tiny", ranks=1)
 
 
 @pytest.mark.slow

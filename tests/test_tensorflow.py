@@ -9,71 +9,36 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from adapters.base import RunConfig
 from launchers.envs import REPO_ROOT
-from launchers.local import run_local
-from tests.conftest import run_cli, worker_processes
+from tests.conftest import assert_ranks_equal_one_process, check_run, run_cli, worker_processes
 
 MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
 
 
-def check_run(tmp: Path, python: str, mode: str, workers: int, batch: int, servers: int = 0,
-              model: str = MODEL) -> Path:
-    """The worker in equivalence mode (one SGD step); returns the folder of its dumps."""
-    out = tmp / f"{mode}-{model}-w{workers}-s{servers}"
-    config = RunConfig(run_id=out.name, framework="tf", mode=mode, model=model,
-                       batch_per_worker=batch, workers_per_node=workers, servers=servers,
-                       dropout=False, threads_per_worker=1, rank_dir=str(out),
-                       check={"steps": 1, "out_dir": str(out)})
-    outcome = run_local(config, python, out, "tf", REPO_ROOT, timeout=300)
-    assert outcome.status == "ok", outcome.error
-    return out
-
-
-def load(path: Path) -> dict:
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
-
-
 @pytest.fixture(scope="module")
-def one_worker(tmp_path_factory, tf_python) -> dict:
+def one_worker(tmp_path_factory, tf_python) -> Path:
     """One process stepping on the global batch (2 x 4): the reference for every mode."""
-    out = check_run(tmp_path_factory.mktemp("tf-single"), tf_python, "collective", 1, 8)
-    return load(out / "weights_rank0.npz")
-
-
-def assert_synchronous_step(out: Path, single: dict) -> None:
-    rank0, rank1 = load(out / "weights_rank0.npz"), load(out / "weights_rank1.npz")
-    assert rank0.keys() == single.keys()
-    worst = 0.0
-    for name in single:
-        assert np.array_equal(rank0[name], rank1[name]), f"ranks differ in {name}"
-        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
-        worst = max(worst, float(np.max(np.abs(rank0[name] - single[name]))))
-    from models import canonical_weights, get_model
-
-    initial = canonical_weights(get_model(MODEL))
-    moved = max(float(np.max(np.abs(single[n] - initial[n]))) for n in single)
-    print(f"{out.name}: max |2 workers - 1 process| = {worst:.2e}, step change = {moved:.2e}")
-    assert moved > 100 * max(worst, 1e-9)  # the step really moved the weights
+    return check_run(tmp_path_factory.mktemp("tf-single"), tf_python, "tf", MODEL,
+                     mode="collective", batch=8)
 
 
 @pytest.mark.slow
 def test_collective_two_workers_equal_one_process_on_the_global_batch(tmp_path, tf_python,
                                                                       one_worker):
-    assert_synchronous_step(check_run(tmp_path, tf_python, "collective", 2, 4), one_worker)
+    two = check_run(tmp_path, tf_python, "tf", MODEL, mode="collective", workers=2, batch=4)
+    assert_ranks_equal_one_process(two, one_worker, MODEL)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("servers", [1, 2])
 def test_parameter_servers_two_workers_equal_one_process(tmp_path, tf_python, one_worker,
                                                          servers):
-    assert_synchronous_step(check_run(tmp_path, tf_python, "ps", 2, 4, servers), one_worker)
+    two = check_run(tmp_path, tf_python, "tf", MODEL, mode="ps", workers=2, batch=4,
+                    servers=servers)
+    assert_ranks_equal_one_process(two, one_worker, MODEL)
 
 
 def tf_snippet(python: str, code: str, timeout: float = 600) -> dict:

@@ -1,0 +1,56 @@
+"""Every framework of the registry in one campaign, as the study compared them: one report.
+
+This is issue 5's end-to-end promise: `compare --frameworks torch,tf,mxnet,cntk,cntk-style,
+caffe-mpi-style,horovod --model googlenet-tiny --workers 1,2` gives one report with every
+framework that can run here side by side, and a clear line for any that cannot (real CNTK
+needs a Python 3.6 interpreter, which a machine may lack).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.registry import FRAMEWORKS
+from tests.conftest import run_cli
+
+ALL = ("torch", "tf", "mxnet", "cntk", "cntk-style", "caffe-mpi-style", "horovod")
+FAST = ["--iterations", "2", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1",
+        "--batch-size", "4"]
+
+
+def test_the_campaign_below_names_every_registered_framework():
+    """A framework added to the registry must join the all-frameworks campaign."""
+    assert set(ALL) == set(FRAMEWORKS)
+
+
+@pytest.mark.slow
+def test_every_framework_in_one_campaign_gives_one_report(tmp_path):
+    out = tmp_path / "all"
+    result = run_cli("launchers.compare", "--frameworks", ",".join(ALL), "--model",
+                     "googlenet-tiny", "--workers", "1,2", "--out", str(out), *FAST,
+                     env={"COLUMNS": "200"}, timeout=2400)
+    output = " ".join((result.stdout + result.stderr).split())  # rich wraps long lines
+    assert result.returncode == 0, output[-4000:]
+    from analysis.store import ResultStore
+
+    records = ResultStore.for_campaign(out, create=False).records()
+    by_run = {(r["framework"], r["world_size"]): r for r in records}
+    assert set(by_run) == {(name, n) for name in ALL for n in (1, 2)}
+    unavailable = {r["framework"] for r in records if r.get("extra", {}).get("unavailable")}
+    for name in unavailable:  # a clear line saying why, in the output and in the record
+        assert f"{name}: cannot run on this machine" in output \
+            or "unavailable" in by_run[(name, 1)]["error"], output[-2000:]
+    for (name, n), record in sorted(by_run.items()):
+        if name not in unavailable:
+            assert record["status"] == "ok", f"{name} x{n}: {record['error']}"
+            assert record["throughput"] > 0
+        print(f"{name:16s} x{n} {record['status']:7s} "
+              f"{(record['iter_time_median'] or 0) * 1e3:8.1f} ms  overlap "
+              f"{record.get('overlap')}")
+    assert unavailable <= {"cntk"}, f"only real CNTK may be missing here, not {unavailable}"
+    report = (out / "report.html").read_text()
+    labels = {FRAMEWORKS[name].label for name in ALL}
+    assert all(label in report for label in labels), labels - {l for l in labels if l in report}
+    for name in ("study_single", "study_scaling_googlenet-tiny"):
+        table = (out / "tables" / f"{name}.md").read_text()
+        assert all(FRAMEWORKS[f].label in table for f in ALL if f not in unavailable), table
