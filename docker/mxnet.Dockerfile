@@ -20,7 +20,8 @@ ARG DEVICE=cpu
 RUN --mount=type=bind,source=pip,target=/pip \
     if [ "$DEVICE" = cuda ]; then sed -i 's/^mxnet==/mxnet-cu112==/' envs/mxnet.txt; fi \
  && PIP_CONFIG_FILE=/pip/pip.conf \
-    python3 -m launchers.envs install --venv /opt/venv mxnet
+    python3 -m launchers.envs install --venv /opt/venv mxnet \
+ && rm -rf /var/lib/apt/lists/*
 COPY project/ /opt/dlcompare/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/opt/dlcompare \

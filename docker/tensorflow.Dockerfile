@@ -21,7 +21,8 @@ ARG DEVICE=cpu
 RUN --mount=type=bind,source=pip,target=/pip \
     if [ "$DEVICE" = cuda ]; then sed -i 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' envs/tf.txt; fi \
  && PIP_CONFIG_FILE=/pip/pip.conf \
-    python3 -m launchers.envs install --venv /opt/venv tf
+    python3 -m launchers.envs install --venv /opt/venv tf \
+ && rm -rf /var/lib/apt/lists/*
 COPY project/ /opt/dlcompare/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/opt/dlcompare \
