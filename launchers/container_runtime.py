@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,13 +69,22 @@ class ContainerRuntime:
         self.names.append(name)
         passed = self.passed_env(env)
         inner = [self.image.spec.python if item == self.host_python else item for item in argv]
-        command = [self.engine.path, "run", "--rm", *self.engine.pull_flag(), "--name", name,
+        command = [*self.engine_launcher(), "run", "--rm", *self.engine.pull_flag(), "--name", name,
                    "--label", f"{CONTAINER_LABEL}={self.config.run_id}",
                    "--network", "host", "--ipc", "host", *self.user_args(),
                    *self.mount_args(), *self.device_args(),
                    *(arg for key in sorted(passed) for arg in ("-e", key)),
                    "--entrypoint", inner[0], self.image.tag, *inner[1:]]
-        return command, {**env, **passed, **self.engine.env}
+        client_env = {**env, **passed, **self.engine.env,
+                      "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        return command, client_env
+
+    def engine_launcher(self) -> list[str]:
+        """podman, started through launchers.cgroupfs: inside `ip netns exec` the cgroup
+        mounts are hidden and runc fails without them (docker's CLI only talks to its daemon)."""
+        if self.engine.name != "podman":
+            return [self.engine.path]
+        return [sys.executable, "-m", "launchers.cgroupfs", self.engine.path]
 
     def passed_env(self, env: dict[str, str]) -> dict[str, str]:
         """What the launcher set for this process (differs from its own environment) and what
