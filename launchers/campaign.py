@@ -118,13 +118,14 @@ def prepare_images(campaign: planning.Campaign):
             console.print(f"[yellow]{info.name}: cannot run in a container: "
                           f"{unavailable[info.name]}[/yellow]")
             continue
-        if info.env in containers.images:
-            continue
-        with console.status(f"image {spec.name} for {info.name} ...") as status:
-            image = ensure_image(containers.engine, spec, log=console.print,
-                                 status=lambda text: status.update(f"image {spec.name}: {text}"))
-        how = ("reused" if image.built_s is None else f"built in {image.built_s:.0f} s")
-        console.print(f"image {image.tag} ({image.id[:19]}, {image.size / 2**20:.0f} MiB): {how}")
+        image = next((built for built in containers.images.values() if built.spec == spec), None)
+        if image is None:  # several environments share an image (torch, torch-mpi, horovod)
+            with console.status(f"image {spec.name} for {info.name} ...") as status:
+                image = ensure_image(containers.engine, spec, log=console.print,
+                                     status=lambda text: status.update(f"image {spec.name}: {text}"))
+            how = ("reused" if image.built_s is None else f"built in {image.built_s:.0f} s")
+            console.print(f"image {image.tag} ({image.id[:19]}, "
+                          f"{image.size / 2**20:.0f} MiB): {how}")
         containers.images[info.env] = image
         pythons[info.env] = spec.python
     return pythons, unavailable, containers

@@ -52,13 +52,11 @@ RANK_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
 class ContainerRuntime:
     """The containers of one run: how to start each process, and how to remove them all."""
 
-    def __init__(self, engine: Engine, image: BuiltImage, config: RunConfig, host_python: str,
-                 backend_python: str | None = None):
+    def __init__(self, engine: Engine, image: BuiltImage, config: RunConfig, host_python: str):
         self.engine = engine
         self.image = image
         self.config = config
         self.host_python = host_python
-        self.backend_python = backend_python
         self.run_tag = uuid.uuid4().hex[:10]
         self.names: list[str] = []
 
@@ -88,14 +86,10 @@ class ContainerRuntime:
 
     def passed_env(self, env: dict[str, str]) -> dict[str, str]:
         """What the launcher set for this process (differs from its own environment) and what
-        ranks read, without the host-only variables; the backend interpreter is the image's."""
-        passed = {key: value for key, value in env.items() if key not in HOST_ONLY and (
-                  os.environ.get(key) != value or key in RANK_NAMES
-                  or key.startswith(RANK_PREFIXES))}
-        if "DLC_BACKEND_PYTHON" in passed and self.backend_python:
-            passed["DLC_BACKEND_PYTHON"] = self.backend_python
-        passed["DLC_IMAGE"] = f"{self.image.tag}@{self.image.id}"
-        return passed
+        ranks read, without the host-only variables."""
+        return {key: value for key, value in env.items() if key not in HOST_ONLY and (
+                os.environ.get(key) != value or key in RANK_NAMES
+                or key.startswith(RANK_PREFIXES))}
 
     def user_args(self) -> list[str]:
         if os.geteuid() != 0:

@@ -223,6 +223,24 @@ def test_container_wrapper_composes_inside_a_network_namespace(tmp_path, torch_c
         subprocess.run(["ip", "netns", "delete", namespace], check=False)
 
 
+@pytest.mark.slow
+def test_every_rendezvous_kind_runs_in_containers(tmp_path, torch_campaign):
+    """mpirun (Caffe-MPI-style over mpi4py), horovodrun (Horovod gloo) in the PyTorch image and
+    ps-lite's scheduler, server and workers (MXNet dist_sync) in the MXNet image, 2 workers."""
+    built = build("mxnet")
+    assert built.returncode == 0, built.stderr[-3000:]
+    out = tmp_path / "kinds"
+    result = run_cli("launchers.compare", "--runtime", "container", "--frameworks",
+                     "caffe-mpi-style,horovod:gloo,mxnet:dist_sync", "--model", "alexnet-tiny",
+                     "--workers", "2", "--out", str(out), "--timeout", "300", *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = stored(out)
+    assert [(r["status"], r["world_size"]) for r in runs] == [("ok", 2)] * 3
+    assert {r["image_digest"] for r in runs} == {current_image("pytorch").id,
+                                                 current_image("mxnet").id}
+    assert leftover_containers(engine()) == []
+
+
 # --------------------------------------------------------------------------- a second image
 
 @pytest.mark.slow
