@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,11 +126,26 @@ class ContainerRuntime:
         user = self.engine.image_facts(self.image.tag)["user"]
         return user if user and user.replace(":", "").isdigit() else None
 
-    def remove(self) -> None:
-        """Force-remove this run's containers (those still there after the run ended)."""
-        if self.names:
-            subprocess.run(self.engine.command("rm", "--force", *self.names),
+    def remove(self, timeout: float = 60.0) -> None:
+        """Force-remove this run's containers and wait until none is listed any more: a
+        container whose `run` client was just killed may still be starting or being removed
+        by the engine's own clean-up, and then outlives a first `rm`."""
+        deadline = time.monotonic() + timeout
+        remaining = list(self.names)
+        while remaining and time.monotonic() < deadline:
+            subprocess.run(self.engine.command("rm", "--force", *remaining),
                            env=self.engine.process_env(), capture_output=True, timeout=120)
+            remaining = self.listed()
+            if remaining:
+                time.sleep(0.5)
+
+    def listed(self) -> list[str]:
+        """This run's containers the engine still lists (any state)."""
+        result = subprocess.run(
+            self.engine.command("ps", "--all", "--filter", f"name=dlc-{self.run_tag}-",
+                                "--format", "{{.Names}}"),
+            env=self.engine.process_env(), capture_output=True, text=True, timeout=120)
+        return [name for name in result.stdout.split() if name in self.names]
 
 
 @dataclass

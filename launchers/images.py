@@ -344,7 +344,7 @@ def ensure_image(engine: Engine, spec: ImageSpec, base: str | None = None,
     started = time.monotonic()
     log_path = context.parent.parent / "logs" / f"{spec.name}-{digest[:16]}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = ["build", *engine.pull_flag(), "--network", "host", "--file",
+    command = ["build", *engine.pull_flag(), "--force-rm", "--network", "host", "--file",
                str(context / "Dockerfile"), "--tag", tag, "--label", f"{INPUTS_LABEL}={digest}",
                *(f"--build-arg={k}={v}" for k, v in build_args.items()), str(context)]
     if not run_logged(engine, command, log_path, status):
@@ -373,11 +373,14 @@ def run_logged(engine: Engine, command: list[str], log_path: Path, status) -> bo
 
 
 def build_error(log_path: Path) -> str:
+    """The line of a failed build's log that says why: pip's or apt's or the project's own
+    error before the engine's generic "building at STEP ..."."""
     lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines()
              if line.strip()]
-    for line in reversed(lines):
-        if line.startswith(("ERROR", "Error", "dlcompare: error")) or "error:" in line:
-            return line[:300]
+    for prefixes in (("ERROR:", "E: "), ("dlcompare: error",), ("Error", "error:")):
+        for line in reversed(lines):
+            if line.startswith(prefixes):
+                return line[:300]
     return lines[-1][:300] if lines else "no output"
 
 

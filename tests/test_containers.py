@@ -241,6 +241,30 @@ def test_every_rendezvous_kind_runs_in_containers(tmp_path, torch_campaign):
     assert leftover_containers(engine()) == []
 
 
+@pytest.mark.slow
+def test_failing_build_is_one_line_and_keeps_the_good_image(tmp_path, torch_campaign):
+    """A pin that does not exist: the build fails in pip, the CLI says so in one line with the
+    log's path, exit 2; the image built before from good pins is still there."""
+    good = build("mxnet")
+    assert good.returncode == 0, good.stderr[-3000:]
+    before = current_image("mxnet").tag
+    broken = tmp_path / "envs"
+    shutil.copytree(REPO_ROOT / "envs", broken)
+    (broken / "mxnet.txt").write_text((broken / "mxnet.txt").read_text().replace(
+        "mxnet==1.9.1", "mxnet==0.0.404"))
+    result = run_cli("launchers.images", "build", "mxnet", timeout=BUILD_TIMEOUT,
+                     env={"DLCOMPARE_REQUIREMENTS": str(broken)})
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("dlcompare: error: building image mxnet failed: ERROR: No matching "
+                           "distribution found for mxnet==0.0.404") and ".log)" in last
+    assert "Traceback" not in result.stderr
+    assert engine().image_exists(before)
+    if engine().name == "podman":  # the failed step's build container is removed too
+        listed = engine().run("ps", "--all", "--external", "--format", "{{.Names}}").stdout
+        assert "working-container" not in listed
+
+
 # --------------------------------------------------------------------------- a second image
 
 @pytest.mark.slow
