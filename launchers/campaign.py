@@ -64,7 +64,11 @@ def campaign_from_args(args) -> planning.Campaign:
         dropout=not args.no_dropout, seed=args.seed, loader_workers=args.loader_workers,
         fault=planning.parse_fault(args.inject_fault),
         git_revision=planning.git_revision(REPO_ROOT),
+        runtime=getattr(args, "runtime", "local"),
     )
+    if campaign.runtime == "container" and getattr(args, "calibrate", False):
+        raise planning.UsageError("--calibrate runs on the local runtime only so far; "
+                                  "calibrate first without --runtime container")
     if campaign.nodes != [1]:
         raise planning.UsageError("--nodes above 1 needs a cluster transport, which this "
                                   "version does not have yet; use --nodes 1")
@@ -88,7 +92,46 @@ def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[s
     console.print(table)
 
 
-def prepare_environments(campaign: planning.Campaign) -> tuple[dict[str, str], dict[str, str]]:
+def prepare_environments(campaign: planning.Campaign):
+    """(env name -> interpreter, framework -> why it cannot run here, the container images
+    by env name or None): the framework's virtualenvs, or with --runtime container its images."""
+    if campaign.runtime == "container":
+        return prepare_images(campaign)
+    return (*prepare_virtualenvs(campaign), None)
+
+
+def prepare_images(campaign: planning.Campaign):
+    """Build (once per inputs digest) or reuse each framework's image (launchers/images.py).
+
+    The interpreters are the images' own. A framework without an image is reported and
+    skipped; a failed build is an error (EnvBuildError)."""
+    from launchers.container_runtime import ContainerImages
+    from launchers.engine import find_engine
+    from launchers.images import ensure_image, image_for_env
+
+    containers = ContainerImages(find_engine(log=console.print))
+    pythons, unavailable = {}, {}
+    for info, _ in campaign.frameworks:
+        spec = image_for_env(info.env)
+        if spec is None or info.backend_env:
+            unavailable[info.name] = "no container image for this framework yet"
+            console.print(f"[yellow]{info.name}: cannot run in a container: "
+                          f"{unavailable[info.name]}[/yellow]")
+            continue
+        image = next((built for built in containers.images.values() if built.spec == spec), None)
+        if image is None:  # several environments share an image (torch, torch-mpi, horovod)
+            with console.status(f"image {spec.name} for {info.name} ...") as status:
+                image = ensure_image(containers.engine, spec, log=console.print,
+                                     status=lambda text: status.update(f"image {spec.name}: {text}"))
+            how = ("reused" if image.built_s is None else f"built in {image.built_s:.0f} s")
+            console.print(f"image {image.tag} ({image.id[:19]}, "
+                          f"{image.size / 2**20:.0f} MiB): {how}")
+        containers.images[info.env] = image
+        pythons[info.env] = spec.python
+    return pythons, unavailable, containers
+
+
+def prepare_virtualenvs(campaign: planning.Campaign) -> tuple[dict[str, str], dict[str, str]]:
     """Build (once) or reuse each framework's environments.
 
     Returns (env name -> python, framework -> why it cannot run here). A framework this
@@ -151,15 +194,33 @@ def unavailable_record(run: RunConfig, error: str, duration: float = 0.0) -> dic
 
 
 def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign,
-            on_progress) -> dict:
-    """One run through the local transport; always returns a record (ok or failure)."""
+            on_progress, containers=None) -> dict:
+    """One run through the local transport, each process in its framework's image when
+    `containers` (launchers.container_runtime.ContainerImages) is given; always returns a
+    record (ok or failure)."""
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     info = framework_info(run.framework)
     run_dir = Path(run.rank_dir)
     Path(run.record_path).unlink(missing_ok=True)
     extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]} if info.backend_env else {})
-    outcome = run_local(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
-                        campaign.timeout, on_progress, extra_env=extra_env)
+    runtime = containers.runtime_for(run, info.env, pythons[info.env]) if containers else None
+    try:
+        outcome = run_local(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
+                            campaign.timeout, on_progress, extra_env=extra_env,
+                            wrappers=[runtime.wrap] if runtime else [])
+    finally:
+        if runtime:
+            runtime.remove()
+    record = outcome_record(run, outcome)
+    record.update(started_at=started, duration_s=outcome.duration_s)
+    if runtime:  # which image ran it: the digest of its content, and its name
+        record["image_digest"] = runtime.image.id
+        record.setdefault("extra", {}).update(runtime="container", image=runtime.image.tag)
+    return record
+
+
+def outcome_record(run: RunConfig, outcome) -> dict:
+    """The run's record: rank 0's when it wrote one, else a failure record with the reason."""
     record_path = Path(run.record_path)
     if outcome.status == "ok" and record_path.exists():
         record = json.loads(record_path.read_text())
@@ -170,11 +231,10 @@ def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign
         record = unavailable_record(run, outcome.error or "", outcome.duration_s)
     else:
         record = failure_record(run, outcome.status, outcome.error or "", outcome.duration_s)
-    record.update(started_at=started, duration_s=outcome.duration_s)
     return record
 
 
-def run_all(campaign, pending, pythons, unavailable, store) -> list[dict]:
+def run_all(campaign, pending, pythons, unavailable, store, containers=None) -> list[dict]:
     """Run the pending runs with a campaign bar and a per-run bar; store each record."""
     records = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -191,7 +251,7 @@ def run_all(campaign, pending, pythons, unavailable, store) -> list[dict]:
             if run.framework in unavailable:
                 record = unavailable_record(run, f"unavailable here: {unavailable[run.framework]}")
             else:
-                record = execute(run, pythons, campaign, update)
+                record = execute(run, pythons, campaign, update, containers)
             store.add(record)
             predict_stored(store, record, console)  # the performance model's prediction
             records.append(record)
@@ -222,7 +282,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         print_plan(campaign, runs, stored)
         if args.dry_run:
             return 0
-        pythons, unavailable = prepare_environments(campaign)
+        pythons, unavailable, containers = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]
         prepare_data(campaign, pending)
         if getattr(args, "calibrate", False):  # alpha, beta of each transport, where missing
@@ -235,7 +295,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
     store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
     store.set_meta("settings", planning.campaign_summary(campaign))
     try:
-        records = run_all(campaign, pending, pythons, unavailable, store)
+        records = run_all(campaign, pending, pythons, unavailable, store, containers)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stored runs are kept; run the same command "
                       "again to resume[/yellow]")

@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
     parser.add_argument("--loader-workers", type=int, default=2,
                         help="data-loader processes per worker with --data files (default: 2)")
+    parser.add_argument("--runtime", choices=("local", "container"), default="local",
+                        help="local: each framework's virtualenv; container: every rank inside "
+                             "its framework's image (python -m launchers.images, built when "
+                             "missing), the image digest recorded (default: %(default)s)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run again the runs stored as failed or timeout")
     parser.add_argument("--calibrate", action="store_true",

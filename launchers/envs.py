@@ -209,6 +209,23 @@ def ensure_environment(name: str, log=None) -> Environment:
     return env
 
 
+def install_commands(name: str, python: str) -> list[tuple[list[str], dict[str, str]]]:
+    """The pip steps that fill an environment `name` into the venv of `python`, each with the
+    variables set for that step only: the requirement file, its `--no-deps` file, its build
+    file. The virtualenv builder and the container images (`install` below) run the same."""
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    steps = [([*pip, "-r", str(requirements_file(name))], {})]
+    nodeps = nodeps_requirements_file(name)
+    if nodeps is not None:
+        steps.append(([*pip, "--no-deps", "-r", str(nodeps)], {}))
+    build = build_requirements_file(name)
+    if build is not None:
+        # No cache: a wheel cached from another build (other flags) must not stand in.
+        steps.append(([*pip, "--no-build-isolation", "--no-cache-dir", "-r", str(build)],
+                      build_variables(build.read_text())))
+    return steps
+
+
 def build_environment(env: Environment) -> None:
     requirements = requirements_file(env.name)
     partial = env.path.with_name(env.path.name + ".partial")
@@ -216,25 +233,9 @@ def build_environment(env: Environment) -> None:
     log_path = env.path.with_name(env.path.name + ".build.log")
     interpreter = base_interpreter(requirements.read_text())
     with open(log_path, "w") as log:
-        steps = [
-            [interpreter, "-m", "venv", str(partial)],
-            [str(partial / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-             "-r", str(requirements)],
-        ]
-        nodeps = nodeps_requirements_file(env.name)
-        if nodeps is not None:
-            steps.append([str(partial / "bin" / "python"), "-m", "pip", "install",
-                          "--disable-pip-version-check", "--no-deps", "-r", str(nodeps)])
-        build = build_requirements_file(env.name)
-        build_env = {}
-        if build is not None:
-            # No cache: a wheel cached from another build (other flags) must not stand in.
-            steps.append([str(partial / "bin" / "python"), "-m", "pip", "install",
-                          "--disable-pip-version-check", "--no-build-isolation",
-                          "--no-cache-dir", "-r", str(build)])
-            build_env = build_variables(build.read_text())
-        for command in steps:
-            extra = build_env if build is not None and command[-1] == str(build) else {}
+        steps = [([interpreter, "-m", "venv", str(partial)], {}),
+                 *install_commands(env.name, str(partial / "bin" / "python"))]
+        for command, extra in steps:
             log.write("$ " + " ".join([*(f"{k}={v}" for k, v in extra.items()), *command]) + "\n")
             log.flush()
             result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
@@ -246,6 +247,23 @@ def build_environment(env: Environment) -> None:
     (partial / COMPLETE_MARKER).write_text(requirements_text(env.name))
     shutil.rmtree(env.path, ignore_errors=True)
     partial.rename(env.path)
+
+
+def install_into(venv: Path, names: list[str], log=print) -> None:
+    """Install the environments `names` one after the other into one virtualenv at `venv`
+    (made with this interpreter if missing), system packages first: what a container image
+    does, so an image holds exactly the pins of the local environments. Output streams."""
+    texts = {name: requirements_text(name) for name in names}
+    ensure_apt_packages([p for text in texts.values() for p in apt_packages(text)], log)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        interpreter = base_interpreter(next(iter(texts.values()), ""))
+        subprocess.run([interpreter, "-m", "venv", str(venv)], check=True)
+    for name in names:
+        for command, extra in install_commands(name, str(python)):
+            log("$ " + " ".join([*(f"{k}={v}" for k, v in extra.items()), *command]))
+            if subprocess.run(command, env={**os.environ, **extra}).returncode != 0:
+                raise EnvBuildError(f"environment {name!r} could not be installed into {venv}")
 
 
 def last_error_line(log_path: Path) -> str:
@@ -275,3 +293,24 @@ def reexec_in_host_env(module: str, argv: list[str]) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.execv(str(env.python), [str(env.python), "-m", module, *argv])
+
+
+def main(argv: list[str]) -> int:
+    """`python -m launchers.envs install --venv DIR NAME [NAME ...]` (used by docker/*)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m launchers.envs")
+    parser.add_argument("action", choices=["install"])
+    parser.add_argument("--venv", required=True, type=Path)
+    parser.add_argument("names", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        install_into(args.venv, args.names, log=lambda m: print(m, flush=True))
+    except EnvBuildError as error:
+        print(f"dlcompare: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

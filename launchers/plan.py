@@ -134,6 +134,7 @@ class Campaign:
     loader_workers: int
     fault: dict | None = None
     git_revision: str = ""
+    runtime: str = "local"  # local: the framework's virtualenv; container: its image
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def batches_for(self, model: str) -> list[int]:
@@ -182,7 +183,10 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
         options={"channels_last": campaign.channels_last},
         layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
     )
-    digest = config_hash(measured)
+    # A container run is a different measurement of the same configuration; local runs keep
+    # the identities they had before runtimes existed (stored campaigns still resume).
+    digest = config_hash(measured if campaign.runtime == "local"
+                         else {**measured, "runtime": campaign.runtime})
     servers_part = f"-ps{servers}" if servers else ""
     run_id = (f"{info.name}-{mode}-{model}-{nodes}x{workers}{servers_part}-b{batch}-"
               f"{campaign.data}-{digest[:6]}")
