@@ -281,15 +281,22 @@ def lookup(fits: Iterable[CalibrationFit], *, framework: str, transport: str | N
     return None
 
 
+# Payload bytes per byte on the wire for TCP/IPv4 over 1500-byte-MTU Ethernet: 1448 of every
+# 1514 (Ethernet 14, IP 20, TCP with timestamps 32 bytes of headers). A link's bandwidth is
+# its wire rate (what tc shapes, what a NIC is sold at); messages see this share of it.
+PAYLOAD_EFFICIENCY = 1448 / 1514
+
+
 def relink(fit: CalibrationFit, bandwidth: str, latency: str) -> CalibrationFit:
-    """The fit moved to other emulated links: the link's share of beta (1 / its bandwidth,
-    none when unshaped) is replaced by the new link's, and its one-way latency in alpha too;
-    what the software stack costs per byte and per message stays.  This is what lets a
-    calibration at one bandwidth predict another (the emulated campaign's test checks it)."""
+    """The fit moved to other emulated links: the link's share of beta (1 / its payload
+    rate, none when unshaped) is replaced by the new link's, and its one-way latency in alpha
+    too; what the software stack costs per byte and per message stays.  This is what lets a
+    calibration at one bandwidth predict another, e.g. the report's prediction line across a
+    bandwidth sweep."""
     from analysis.predict import parse_bandwidth, parse_latency  # predict imports this module
 
     def per_byte(text: str) -> float:
-        return 1.0 / parse_bandwidth(text) if text else 0.0
+        return 1.0 / (parse_bandwidth(text) * PAYLOAD_EFFICIENCY) if text else 0.0
 
     def seconds(text: str) -> float:
         return parse_latency(text) if text else 0.0

@@ -196,14 +196,20 @@ def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign
     cluster = cluster or LocalCluster()
     try:
         placed = cluster.prepare(run)
+        sent_before = cluster.traffic()
         runner = getattr(cluster, "run", None) or run_local  # slurm runs through sbatch
         outcome = runner(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
                          campaign.timeout, on_progress, extra_env=extra_env,
                          hosts=cluster.hosts(run), wrappers=cluster.wrappers(run))
+        if sent_before:  # bytes each node sent over its link during the run
+            placed["link_bytes_sent"] = [after - before for after, before in
+                                         zip(cluster.traffic(), sent_before)][:run.nodes]
     except (ClusterError, ValueError, OSError) as error:  # the run cannot be placed
         record = failure_record(run, "failed", f"{type(error).__name__}: {error}", 0.0)
         record.update(started_at=started)
         return record
+    finally:
+        getattr(cluster, "finish", lambda run: None)(run)  # what a run left on other nodes
     record_path = Path(run.record_path)
     if outcome.status == "ok" and record_path.exists():
         record = json.loads(record_path.read_text())

@@ -68,6 +68,9 @@ class LocalCluster:
     def describe(self) -> list[str]:
         return ["local: every process on this machine, loopback"]
 
+    def traffic(self) -> list[int]:
+        return []
+
     def close(self) -> None:
         pass
 
@@ -89,7 +92,7 @@ def make_cluster(spec: ClusterSpec, campaign, dry_run: bool = False):
     if spec.kind == "hostfile":
         from launchers.cluster.ssh import SshCluster
 
-        return SshCluster.from_hostfile(spec.path, campaign)
+        return SshCluster.from_hostfile(spec.path, campaign, dry_run=dry_run)
     if spec.kind == "slurm":
         from launchers.cluster.slurm import SlurmCluster
 
