@@ -170,6 +170,7 @@ def failure_record(run: RunConfig, status: str, error: str, duration: float) -> 
         nodes=run.nodes, workers_per_node=run.workers_per_node, world_size=run.world_size,
         servers=run.servers,
         batch_per_worker=run.batch_per_worker, global_batch=run.global_batch, scaling="weak",
+        bandwidth=run.bandwidth, latency=run.latency,
         dtype=run.dtype, layout=run.layout, data=run.data, warmup=run.warmup,
         iterations=run.iterations, repeats=run.repeats,
         threads_per_worker=run.threads_per_worker, git_revision=run.git_revision,

@@ -297,10 +297,6 @@ class EmulatedCluster:
         run_ip("addr", "add", f"{self.address(node)}/24", "dev", INTERFACE, namespace=namespace)
         run_ip("link", "set", INTERFACE, "up", namespace=namespace)
         run_ip("link", "set", "lo", "up", namespace=namespace)
-        # ACK every segment at once (no 40 ms delayed-ACK stalls between nodes, as on the
-        # study's InfiniBand, which has no delayed ACKs)
-        run_ip("route", "replace", f"{self._prefix()}.0/24", "dev", INTERFACE, "src",
-               self.address(node), "quickack", "1", namespace=namespace)
         tune_tcp(namespace)
 
     def _write_helpers(self) -> None:
@@ -370,6 +366,13 @@ class EmulatedCluster:
                     parent = "1:1"
                 for command in link_qdiscs(device, rate, parent) if rate else []:
                     run_tc(*command, namespace=namespace)
+
+    def finish(self, run) -> None:
+        """After each run: nothing may stay inside a node (the local transport already killed
+        the run's process group and descendants; this catches anything that escaped both)."""
+        if self.created:
+            for node in range(self.nodes):
+                kill_namespace_processes(self.namespace(node))
 
     def traffic(self) -> list[int]:
         """Bytes each node has sent through its shaped link so far (its eth0's counter):

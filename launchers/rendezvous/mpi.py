@@ -32,11 +32,12 @@ def mpirun_command(world_size: int, hosts, workers_per_node: int | None = None) 
     if all(host.is_loopback for host in nodes):
         return command + ["--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
     per_node = workers_per_node or max(1, world_size // len(nodes))
-    interface = nodes[0].interface or "lo"
+    interface = nodes[0].interface  # None: OpenMPI picks among the nodes' interfaces
     return command + ["-H", ",".join(f"{host.target}:{per_node}" for host in nodes),
                       "--map-by", "node" if per_node == 1 else "slot",
-                      "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", interface,
-                      "--mca", "oob_tcp_if_include", interface]
+                      "--mca", "btl", "tcp,self"] + (
+        ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
+        if interface else [])
 
 
 def processes(config, hosts) -> list[ProcessSpec]:
