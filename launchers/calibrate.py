@@ -135,7 +135,8 @@ def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, set
                      campaign=out.name, device=settings["device"], nodes=nodes, workers_per_node=workers,
                      servers=servers, warmup=0, iterations=1, repeats=1, profile_iterations=1,
                      bandwidth=bandwidth, latency=latency,
-                     threads_per_worker=max(1, (os.cpu_count() or 1) // workers), rank_dir=str(run_dir),
+                     threads_per_worker=max(1, (os.cpu_count() or 1) // (
+                         workers * (nodes if settings.get("cluster") == "emulated" else 1))), rank_dir=str(run_dir),
                      record_path=str(run_dir / "calibration.json"),
                      calibrate={"sizes": settings["sizes"], "repeats": settings["repeats"],
                                 "warmup": settings["warmup"]})

@@ -54,14 +54,15 @@ SUBNET_BASE = "10.213"
 # runs CMD through a shell inside node HOST's namespace, with the node's hostname.
 AGENT = r"""#!/bin/sh
 # dlcompare emulated cluster: start a command on node HOST (a network namespace on this host).
+# Options may come before and after HOST, as OpenSSH accepts them (horovodrun puts -o after).
+host=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;
     -*) shift ;;
-    *) break ;;
+    *) if [ -z "$host" ]; then host="$1"; shift; else break; fi ;;
   esac
 done
-host="$1"; shift
 case "$host" in *@*) host="${host#*@}" ;; esac
 exec ip netns exec "$host" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 """
