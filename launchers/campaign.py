@@ -265,8 +265,9 @@ def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster) 
         info = framework_info(run.framework)
         console.print(f"[bold]{run.run_id}[/bold]")
         if hasattr(cluster, "script"):  # slurm: the batch script is what the nodes receive
-            console.print(cluster.script(run, f"<{info.env} python>", info.rendezvous),
-                          markup=False, highlight=False)
+            console.print(cluster.script(run, f"<{info.env} python>", info.rendezvous,
+                                         campaign.timeout), markup=False, highlight=False,
+                          soft_wrap=True)
             continue
         try:
             placed = planned_commands(run, f"<{info.env} python>", info.rendezvous, REPO_ROOT,
