@@ -64,19 +64,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="2,4")
     parser.add_argument("--batch-size", default="2")
     parser.add_argument("--out", default="results/bench-emulated")
+    parser.add_argument("--calibrate", default="torch,caffe-mpi-style",
+                        help="frameworks whose transports are calibrated: gloo (shared by "
+                             "CNTK-style and Horovod gloo) and MPI; TensorFlow and MXNet are then "
+                             "predicted from their own measured communication")
     parser.add_argument("--skip-calibration", action="store_true")
     args = parser.parse_args(argv)
     out = str(Path(args.out).resolve())
     started = time.monotonic()
     cluster = ["--cluster", "emulated", "--bandwidth", args.bandwidth]
     if not args.skip_calibration:
-        run(["launchers.calibrate", "--frameworks", args.frameworks, "--nodes", args.nodes,
-             "--workers", "1", *cluster, "--min-bytes", "64K", "--max-bytes", "16M",
-             "--repeats", "3", "--out", out, "--timeout", "900"])
+        run(["launchers.calibrate", "--frameworks", args.calibrate, "--nodes", args.nodes,
+             "--workers", "1", *cluster, "--min-bytes", "256K", "--max-bytes", "4M",
+             "--repeats", "2", "--warmup", "1", "--out", out, "--timeout", "900"])
     code = run(["launchers.compare", "--frameworks", args.frameworks, "--model", args.model,
                 "--nodes", f"1,{args.nodes}", "--workers", "1", "--batch-size", args.batch_size,
-                *cluster, "--iterations", "3", "--repeats", "2", "--warmup", "1",
-                "--profile-iterations", "2", "--timeout", "1200", "--out", out])
+                *cluster, "--iterations", "2", "--repeats", "2", "--warmup", "1",
+                "--profile-iterations", "1", "--timeout", "1200", "--out", out])
     print("\n".join(table(Path(out))))
     print(f"bench took {time.monotonic() - started:.0f} s; campaign {out} (exit {code})")
     return 0

@@ -107,6 +107,9 @@ def settings_from_args(args) -> dict:
     if links.cluster.startswith("slurm"):
         raise planning.UsageError("calibrate runs on local, emulated or hostfile clusters; "
                                   "on Slurm run it inside an allocation with --cluster hostfile:FILE")
+    from launchers.cluster import parse_cluster, preflight
+
+    preflight(parse_cluster(links.cluster))  # root for namespaces: before anything is built
     for info, mode in frameworks:
         if mode not in info.server_modes and min(workers) * min(nodes) < 2:
             raise planning.UsageError(f"{info.name}:{mode} needs at least 2 workers to time an all-reduce")
@@ -267,6 +270,7 @@ def summary_lines(store) -> list[str]:
 
 def run_cli(args, argv: list[str]) -> int:
     import shlex
+    import signal
     from types import SimpleNamespace
 
     from rich.console import Console
@@ -296,6 +300,9 @@ def run_cli(args, argv: list[str]) -> int:
     except (planning.UsageError, EnvBuildError, StoreError, ClusterError) as error:
         print(f"dlcompare: error: {error}", file=sys.stderr)
         return 2
+    from launchers.campaign import raise_interrupt
+
+    signal.signal(signal.SIGTERM, raise_interrupt)  # like Ctrl-C: ranks killed, cluster removed
     with store, cluster:
         store.set_meta("calibration_command", "python -m launchers.calibrate " + shlex.join(argv))
         try:

@@ -24,7 +24,7 @@ from analysis.record import empty_record
 from launchers import plan as planning
 from launchers.envs import (REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home,
                             ensure_environment)
-from launchers.cluster import ClusterError, LocalCluster, make_cluster, parse_cluster
+from launchers.cluster import ClusterError, LocalCluster, make_cluster, parse_cluster, preflight
 from launchers.local import planned_commands, run_local
 from models import get_model
 
@@ -299,7 +299,9 @@ def run_campaign_cli(args, argv: list[str]) -> int:
     try:
         campaign = campaign_from_args(args)
         runs = planning.expand(campaign)
+        spec = parse_cluster(campaign.cluster)
         if not args.dry_run:
+            preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
             planning.check_out_dir(campaign.out)
         store = None if args.dry_run and not (campaign.out / "results.sqlite").exists() \
             else ResultStore.for_campaign(campaign.out)
@@ -307,7 +309,6 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         if args.retry_failed and store:
             stored = store.run_ids(status="ok")
         print_plan(campaign, runs, stored)
-        spec = parse_cluster(campaign.cluster)
         if args.dry_run:
             if spec.kind != "local":
                 print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))

@@ -88,6 +88,7 @@ def test_emulated_without_root_is_one_line(tmp_path):
     result = run_cli("launchers.compare", "--nodes", "2", "--cluster", "emulated",
                      "--model", "alexnet-tiny", "--out", str(tmp_path / "c"), timeout=600)
     assert "needs root" in error_line(result)
+    assert not (tmp_path / "c").exists()  # said before anything was built or stored
 
 
 def test_dry_run_prints_each_nodes_commands_and_environment(tmp_path):
@@ -505,3 +506,46 @@ def test_slurm_dry_run_prints_the_job_script(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "#SBATCH --nodes=4" in result.stderr and "#SBATCH --ntasks-per-node=2" in result.stderr
     assert "launchers.cluster.slurm inside" in result.stderr and "--kind horovod" in result.stderr
+
+
+# --------------------------------------------------------------------------- links in the model
+
+def test_calibration_lookup_prefers_the_same_links_and_relinks_others():
+    """A run at a bandwidth with its own calibration uses it; at another bandwidth the closest
+    calibration's link share of beta (1 / payload rate) is swapped for the run's, its
+    software share kept."""
+    from analysis.calibration import PAYLOAD_EFFICIENCY, CalibrationFit, lookup
+
+    def fit(bandwidth: str, beta: float) -> CalibrationFit:
+        return CalibrationFit("torch", "ddp", "gloo", "allreduce", "ring", "cpu", 2, 1, 2, 0,
+                              1e-3, beta, 0.01, 5e-4, beta, 0.0, 6, 5, bandwidth, "")
+
+    wire_20 = 1 / (20e6 / 8 * PAYLOAD_EFFICIENCY)
+    stack = 30e-9  # seconds per byte the software adds
+    fits = [fit("20Mbit", wire_20 + stack), fit("", stack)]
+    found, how = lookup(fits, framework="torch", transport="gloo", world_size=2, nodes=2,
+                        device_kind="cpu", bandwidth="20Mbit")
+    assert how == "calibrated" and found.beta_s_per_byte == pytest.approx(wire_20 + stack)
+    found, how = lookup(fits, framework="torch", transport="gloo", world_size=2, nodes=2,
+                        device_kind="cpu", bandwidth="50Mbit")
+    assert how == "calibrated (other links)" and found.bandwidth == "50Mbit"
+    assert found.beta_s_per_byte == pytest.approx(1 / (50e6 / 8 * PAYLOAD_EFFICIENCY) + stack)
+    found, _ = lookup(fits, framework="torch", transport="gloo", world_size=2, nodes=2,
+                      device_kind="cpu", bandwidth=None)
+    assert found.bandwidth == "" and found.beta_s_per_byte == pytest.approx(stack)
+
+
+def test_bandwidth_and_latency_are_plan_dimensions():
+    """Every multi-node run once per bandwidth x latency, each in its id; one-node runs once."""
+    from launchers import plan as planning
+    from launchers.campaign import campaign_from_args
+    from launchers.compare import build_parser
+
+    args = build_parser().parse_args(["--frameworks", "torch", "--model", "alexnet-tiny",
+                                      "--nodes", "1,2", "--workers", "1", "--cluster", "emulated",
+                                      "--bandwidth", "1Gbit,10Gbit", "--latency", "0.2ms,1ms"])
+    runs = planning.expand(campaign_from_args(args))
+    assert [(r.nodes, r.bandwidth, r.latency) for r in runs] == [
+        (1, None, None), (2, "1Gbit", "0.2ms"), (2, "1Gbit", "1ms"), (2, "10Gbit", "0.2ms"),
+        (2, "10Gbit", "1ms")]
+    assert len({r.run_id for r in runs}) == 5 and "-bw10Gbit-lat1ms-" in runs[-1].run_id

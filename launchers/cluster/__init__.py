@@ -81,6 +81,19 @@ class LocalCluster:
         self.close()
 
 
+def preflight(spec: ClusterSpec) -> None:
+    """What the transport needs from this machine (root, tools), checked before anything is
+    built or stored: a ClusterError in one line."""
+    if spec.kind == "emulated":
+        from launchers.cluster.emulated import check_can_emulate
+
+        check_can_emulate()
+    elif spec.kind == "slurm":
+        from launchers.cluster.slurm import SlurmCluster
+
+        SlurmCluster()
+
+
 def make_cluster(spec: ClusterSpec, campaign, dry_run: bool = False):
     """The transport for `spec`, set up for `campaign` (dry_run: named, nothing created)."""
     if spec.kind == "local":
