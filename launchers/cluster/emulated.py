@@ -207,7 +207,7 @@ def _owner_of(name: str) -> int:
 
 
 def netem_available() -> bool:
-    """Whether this kernel has sch_netem (tried on a throw-away dummy link)."""
+    """Whether this kernel has sch_netem (tried on a throw-away veth pair)."""
     probe = f"{PREFIX}{os.getpid()}v99"
     if run_ip("link", "add", probe, "type", "veth", "peer", "name", f"{PREFIX}{os.getpid()}v98",
               check=False).returncode != 0:
