@@ -330,7 +330,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
         for note in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
                                   for latency in campaign.latencies)):
-            console.print(f"[yellow]{note}[/yellow]")
+            console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
         records = run_all(campaign, pending, pythons, unavailable, store, cluster)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stored runs are kept; run the same command "
