@@ -30,6 +30,10 @@ DPI = 120
 PANEL_SIZE = (6.4, 4.4)
 FACET_KEYS = ["model", "device", "batch_per_worker"]
 FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_spread", "prediction", "timeline")
+# Drawn only for campaigns that have what they show: `bandwidth` needs multi-node runs on
+# emulated links (--cluster emulated --bandwidth); every other figure any campaign with a
+# successful profiled run has.
+OPTIONAL_FIGURES = frozenset({"bandwidth"})
 TIMELINE_PANELS = 4
 
 

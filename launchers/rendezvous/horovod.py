@@ -16,7 +16,8 @@ from launchers.rendezvous.mpi import mpirun_command
 
 def horovodrun_command(config, hosts) -> list[str]:
     nodes = [hosts[node] for node in range(config.nodes)]
-    if all(host.is_loopback for host in nodes):
+    if config.nodes == 1 or all(host.is_loopback for host in nodes):
+        # one node (this machine, or one emulated or real node): ranks started locally
         host_list = f"localhost:{config.world_size}"
         interface = ["--network-interfaces", "lo"]
     else:  # one slot list per node; horovodrun reaches the others with `ssh` (on an emulated
