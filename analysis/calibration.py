@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from analysis.perfmodel import LinkCost, invert_fit
@@ -185,6 +185,8 @@ class CalibrationFit:
     gamma_s_per_byte: float
     n_sizes: int
     repeats: int
+    bandwidth: str = ""  # the emulated link it was measured on ("" unshaped / a real network)
+    latency: str = ""
 
     @property
     def cost(self) -> LinkCost:
@@ -196,7 +198,9 @@ class CalibrationFit:
     @classmethod
     def from_row(cls, row: Mapping) -> "CalibrationFit":
         names = cls.__dataclass_fields__
-        return cls(**{k: row[k] for k in names})
+        keys = set(row.keys())
+        return cls(**{k: (row[k] if row[k] is not None else "") if k in ("bandwidth", "latency")
+                      else row[k] for k in names if k in keys})
 
     def predicted(self, nbytes: float) -> float:
         """The fitted whole-collective time T(n) = a + b n."""
@@ -217,7 +221,8 @@ def fit_gamma(reduction_points: Mapping[int, Sequence[float]] | None) -> float:
 def fit_calibration(points: Mapping[int, Sequence[float]], *, framework: str, mode: str,
                     transport: str, collective: str, algorithm: str, device_kind: str,
                     nodes: int, workers_per_node: int, servers: int = 0,
-                    reduction_points: Mapping[int, Sequence[float]] | None = None) -> CalibrationFit:
+                    reduction_points: Mapping[int, Sequence[float]] | None = None,
+                    bandwidth: str = "", latency: str = "") -> CalibrationFit:
     """Fit T(n) = a + b n to the medians, gamma to the reduction timings, and invert to
     link-level alpha, beta for `algorithm` on p = nodes * workers_per_node workers."""
     summary = summarize(points)
@@ -229,34 +234,76 @@ def fit_calibration(points: Mapping[int, Sequence[float]], *, framework: str, mo
         link = invert_fit(a, b, algorithm, p, max(servers, 1), 0.0)
     return CalibrationFit(framework, mode, transport, collective, algorithm, device_kind, nodes,
                           workers_per_node, p, servers, a, b, rel, link.alpha, link.beta, link.gamma,
-                          len(summary), max((s.repeats for s in summary), default=0))
+                          len(summary), max((s.repeats for s in summary), default=0),
+                          bandwidth or "", latency or "")
 
 
 # --------------------------------------------------------------------------- lookup
 
 def lookup(fits: Iterable[CalibrationFit], *, framework: str, transport: str | None,
-           world_size: int, nodes: int, device_kind: str | None) -> tuple[CalibrationFit, str] | None:
+           world_size: int, nodes: int, device_kind: str | None, bandwidth: str | None = None,
+           latency: str | None = None) -> tuple[CalibrationFit, str] | None:
     """The calibration to use for a run, and how it matched; None when nothing fits.
 
-    Preference: the same framework on the same topology; the same transport (another framework
-    sharing it, e.g. two schemes over gloo) on the same topology; then the same framework, then
-    the same transport, at another world size (link-level alpha, beta re-used with this p's
-    coefficients).  Always the same device kind.
+    Preference: the same framework on the same topology and links (emulated bandwidth and
+    latency); the same transport (another framework sharing it, e.g. two schemes over gloo)
+    there; the same framework or transport on the same topology at other links, rescaled to
+    the run's (`relink`); then the same framework, then the same transport, at another world
+    size (link-level alpha, beta re-used with this p's coefficients; rescaled too).  Always
+    the same device kind.
     """
     fits = [f for f in fits if device_kind is None or f.device_kind == device_kind]
+    links = (bandwidth or "", latency or "")
+
+    def same_links(f: CalibrationFit) -> bool:
+        return (f.bandwidth or "", f.latency or "") == links
+
+    def topology(f: CalibrationFit) -> bool:
+        return f.world_size == world_size and f.nodes == nodes
+
     tiers = [
-        ("calibrated", lambda f: f.framework == framework and f.world_size == world_size and f.nodes == nodes),
+        ("calibrated", lambda f: f.framework == framework and topology(f) and same_links(f)),
         ("calibrated (same transport)", lambda f: transport is not None and f.transport == transport
-         and f.world_size == world_size and f.nodes == nodes),
+         and topology(f) and same_links(f)),
+        ("calibrated (other links)", lambda f: f.framework == framework and topology(f)),
+        ("calibrated (same transport, other links)", lambda f: transport is not None
+         and f.transport == transport and topology(f)),
         ("calibrated (other world size)", lambda f: f.framework == framework),
         ("calibrated (same transport, other world size)", lambda f: transport is not None and f.transport == transport),
     ]
     for how, accept in tiers:
         found = [f for f in fits if accept(f)]
         if found:
-            found.sort(key=lambda f: (abs(f.world_size - world_size), f.framework != framework))
-            return found[0], how
+            found.sort(key=lambda f: (abs(f.world_size - world_size), not same_links(f),
+                                      f.framework != framework))
+            fit = found[0]
+            return (fit, how) if same_links(fit) else (relink(fit, *links), how)
     return None
+
+
+# Payload bytes per byte on the wire for TCP/IPv4 over 1500-byte-MTU Ethernet: 1448 of every
+# 1514 (Ethernet 14, IP 20, TCP with timestamps 32 bytes of headers). A link's bandwidth is
+# its wire rate (what tc shapes, what a NIC is sold at); messages see this share of it.
+PAYLOAD_EFFICIENCY = 1448 / 1514
+
+
+def relink(fit: CalibrationFit, bandwidth: str, latency: str) -> CalibrationFit:
+    """The fit moved to other emulated links: the link's share of beta (1 / its payload
+    rate, none when unshaped) is replaced by the new link's, and its one-way latency in alpha
+    too; what the software stack costs per byte and per message stays.  This is what lets a
+    calibration at one bandwidth predict another, e.g. the report's prediction line across a
+    bandwidth sweep."""
+    from analysis.predict import parse_bandwidth, parse_latency  # predict imports this module
+
+    def per_byte(text: str) -> float:
+        return 1.0 / (parse_bandwidth(text) * PAYLOAD_EFFICIENCY) if text else 0.0
+
+    def seconds(text: str) -> float:
+        return parse_latency(text) if text else 0.0
+
+    beta = max(fit.beta_s_per_byte - per_byte(fit.bandwidth), 0.0) + per_byte(bandwidth)
+    alpha = max(fit.alpha_s - seconds(fit.latency), 0.0) + seconds(latency)
+    return replace(fit, alpha_s=alpha, beta_s_per_byte=beta, bandwidth=bandwidth, latency=latency)
 
 
 # --------------------------------------------------------------------------- output

@@ -29,7 +29,11 @@ from analysis import tables  # noqa: E402
 DPI = 120
 PANEL_SIZE = (6.4, 4.4)
 FACET_KEYS = ["model", "device", "batch_per_worker"]
-FIGURE_NAMES = ("throughput", "phases", "scaling", "iteration_spread", "prediction", "timeline")
+FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_spread", "prediction", "timeline")
+# Drawn only for campaigns that have what they show: `bandwidth` needs multi-node runs on
+# emulated links (--cluster emulated --bandwidth); every other figure any campaign with a
+# successful profiled run has.
+OPTIONAL_FIGURES = frozenset({"bandwidth"})
 TIMELINE_PANELS = 4
 
 
@@ -183,6 +187,57 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)")
 
 
+def _bandwidth_gbit(text) -> float:
+    """'1Gbit' -> 1.0, '200Mbit' -> 0.2 (Gbit/s); NaN for an unshaped run."""
+    if tables._missing(text) or not str(text).strip():
+        return math.nan
+    from analysis.predict import PredictError, parse_bandwidth
+
+    try:
+        return parse_bandwidth(str(text)) * 8 / 1e9
+    except PredictError:
+        return math.nan
+
+
+def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Efficiency against the emulated link's bandwidth, one colour per scheme: measured
+    (solid, filled) and the performance model's prediction (dashed, hollow) from the same
+    one-worker baseline; one panel per model, device, batch and node count x workers."""
+    table = tables.configs_with_speedup(frame)
+    if table.empty or "bandwidth" not in table.columns:
+        return None
+    table = table.assign(gbit=[_bandwidth_gbit(b) for b in table["bandwidth"]])
+    table = table[table["gbit"].notna() & table["efficiency"].notna()]
+    if table.empty:
+        return None
+    predicted = tables.ok_runs(tables.prepare(frame))
+    predicted = (predicted.assign(pred=pd.to_numeric(predicted.get("predicted_iter_time"), errors="coerce") * 1e3)
+                 .groupby(tables.CONFIG_KEYS, dropna=False, sort=True)["pred"].median().reset_index())
+    table = table.merge(predicted, on=tables.CONFIG_KEYS, how="left")
+    table = table.assign(pred_efficiency=table["baseline_iter_ms"] / table["pred"])
+    table = _with_series(table)
+    colors = _palette(table["series"])
+    panels = []
+    for title, rows in _facets(table):
+        for (nodes, world), sub in rows.groupby(["nodes", "world_size"], sort=True):
+            panels.append((f"{title}, {int(nodes)} nodes x {int(world) // max(int(nodes), 1)}", sub))
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels):
+        for name, line in rows.sort_values("gbit").groupby("series", sort=True):
+            x = line["gbit"].astype(float)
+            ax.plot(x, line["efficiency"].astype(float), marker="o", color=colors[name], linewidth=2,
+                    label=f"{name} measured")
+            if line["pred_efficiency"].notna().any():
+                ax.plot(x, line["pred_efficiency"].astype(float), marker="o", markerfacecolor="white",
+                        linestyle="--", color=colors[name], linewidth=1.5, label=f"{name} predicted")
+        ax.set_xscale("log")
+        ax.set(title=title, xlabel="link bandwidth (Gbit/s, emulated)", ylabel="efficiency E = S / N",
+               ylim=(0, max(1.05, float(rows[["efficiency", "pred_efficiency"]].max().max()) * 1.05)))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted")
+
+
 def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     """Median iteration time as a point with p10-p90 error bars, per framework and world size."""
     table = tables.throughput_table(frame)
@@ -329,6 +384,7 @@ FIGURES = {
     "throughput": throughput_bars,
     "phases": phase_bars,
     "scaling": scaling_curves,
+    "bandwidth": bandwidth_curves,
     "iteration_spread": iteration_spread,
     "prediction": prediction_scatter,
     "timeline": overlap_timeline,

@@ -197,7 +197,8 @@ def comm_cost(record: dict, scheme: pm.Scheme, profile: pm.Profile, fits: list[C
     if p == 1 and scheme.algorithm != "ps":
         return (lambda n: 0.0), BASIS_SINGLE, None
     found = lookup(fits, framework=record.get("framework"), transport=_transport(record), world_size=p,
-                   nodes=int(record.get("nodes") or 1), device_kind=record.get("device_kind"))
+                   nodes=int(record.get("nodes") or 1), device_kind=record.get("device_kind"),
+                   bandwidth=record.get("bandwidth"), latency=record.get("latency"))
     if found is not None:
         fit, how = found
         facts = {"framework": fit.framework, "transport": fit.transport, "world_size": fit.world_size,

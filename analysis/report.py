@@ -46,6 +46,10 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
     "scaling": ("Speedup against the number of workers; the dashed line is ideal linear scaling.",
                 "Line chart of speedup versus number of workers, one line per framework and mode, "
                 "with a dashed ideal line."),
+    "bandwidth": ("Efficiency against the emulated link bandwidth (--cluster emulated --bandwidth): measured "
+                  "(solid) and the performance model's prediction (dashed, hollow), per scheme.",
+                  "Line chart of efficiency versus link bandwidth on a log axis, one colour per framework "
+                  "and mode, measured as solid lines and predicted as dashed lines."),
     "iteration_spread": ("Median iteration time with its 10th–90th percentile range.",
                          "Dot plot of median iteration time with error bars from the 10th to the 90th "
                          "percentile, per framework and number of workers."),
@@ -486,7 +490,7 @@ def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str,
         f'<section id="how-to-read"><h2>How to read this</h2>{HOW_TO_READ}</section>',
         table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], made),
         table_section("phases", built["phases"], ["phases"], made),
-        table_section("scaling", built["scaling"], ["scaling"], made),
+        table_section("scaling", built["scaling"], ["scaling", "bandwidth"], made),
         model_section(built, made),
         study_section(frame, built),
         failures_section(frame, built["failures"]),

@@ -66,7 +66,8 @@ CALIBRATION_FIELDS: tuple[tuple[str, str], ...] = tuple(
     for name, f in CalibrationFit.__dataclass_fields__.items())
 CALIBRATION_COLUMNS: tuple[str, ...] = tuple(name for name, _ in CALIBRATION_FIELDS)
 # A calibration of the same key replaces the previous one.
-CALIBRATION_KEY: tuple[str, ...] = ("framework", "mode", "device_kind", "nodes", "workers_per_node", "servers")
+CALIBRATION_KEY: tuple[str, ...] = ("framework", "mode", "device_kind", "nodes", "workers_per_node", "servers",
+                                     "bandwidth", "latency")
 
 
 class StoreError(Exception):
@@ -247,7 +248,7 @@ class ResultStore:
         return (runs >= set(RUN_COLUMNS) | {"env_json", "extra_json"}
                 and bool(self._existing_columns("phases"))
                 and bool(self._existing_columns("campaign_meta"))
-                and bool(self._existing_columns("calibration"))
+                and set(self._existing_columns("calibration")) >= set(CALIBRATION_COLUMNS)
                 and bool(self._existing_columns("calibration_points")))
 
     def _create_tables(self) -> None:
@@ -274,6 +275,10 @@ class ResultStore:
         for name in ("env_json", "extra_json"):
             if name not in existing:
                 self._conn.execute(f"ALTER TABLE runs ADD COLUMN {name} TEXT")
+        existing = set(self._existing_columns("calibration"))
+        for name, sqltype in CALIBRATION_FIELDS:
+            if name not in existing:  # calibrations grew the emulated links they ran on
+                self._conn.execute(f"ALTER TABLE calibration ADD COLUMN {name} {sqltype}")
 
     # -- writing --------------------------------------------------------------------------
 
@@ -333,7 +338,7 @@ class ResultStore:
         row = fit.as_row()
         names = ", ".join(CALIBRATION_COLUMNS + ("measured_at", "env_json", "extra_json"))
         marks = ", ".join("?" * (len(CALIBRATION_COLUMNS) + 3))
-        key = " AND ".join(f"{k} = ?" for k in CALIBRATION_KEY)
+        key = " AND ".join(f"IFNULL({k}, '') = ?" for k in CALIBRATION_KEY)
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")

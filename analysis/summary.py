@@ -35,11 +35,12 @@ def _text(value, fmt: str = "") -> str:
     return format(value, fmt) if fmt else escape(str(value))
 
 
-def _workers(world_size, nodes) -> str:
-    """World size, with the node count when the run spanned several hosts."""
+def _workers(world_size, nodes, bandwidth=None, latency=None) -> str:
+    """World size, with the node count (and emulated links) when the run spanned several hosts."""
     text = _text(world_size)
     if not tables._missing(nodes) and int(nodes) > 1:
-        text += f" ({int(nodes)} nodes)"
+        links = [str(v) for v in (bandwidth, latency) if not tables._missing(v) and str(v)]
+        text += f" ({', '.join([f'{int(nodes)} nodes', *links])})"
     return text
 
 
@@ -68,8 +69,8 @@ def _ok_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
     for _, row in configs.iterrows():
         status = "ok" if row["runs"] == 1 else f"ok ×{row['runs']}"
         cells = [_text(row["framework_label"]), _text(row["mode"]), _text(row["model"]),
-                 _workers(row["world_size"], row["nodes"]), _text(row["batch_per_worker"]),
-                 _text(row["images_per_s"], ".1f"), _iteration(row), _text(row["speedup"], ".2f"),
+                 _workers(row["world_size"], row["nodes"], row.get("bandwidth"), row.get("latency")),
+                 _text(row["batch_per_worker"]), _text(row["images_per_s"], ".1f"), _iteration(row), _text(row["speedup"], ".2f"),
                  _text(row["efficiency"], ".2f"), f"[green]{status}[/]"]
         if _efficiency_style(row["efficiency"]):
             cells[8] = f"[{_efficiency_style(row['efficiency'])}]{cells[8]}[/]"
@@ -81,8 +82,8 @@ def _failed_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
     prepared = tables.prepare(frame)
     failed = prepared[prepared["status"].notna() & (prepared["status"] != "ok")]
     return [([_text(r["framework_label"]), _text(r["mode"]), _text(r["model"]),
-              _workers(r["world_size"], r["nodes"]), _text(r["batch_per_worker"]),
-              "—", "—", "—", "—", f"[bold red]{escape(str(r['status']))}[/]"], "dim")
+              _workers(r["world_size"], r["nodes"], r.get("bandwidth"), r.get("latency")),
+              _text(r["batch_per_worker"]), "—", "—", "—", "—", f"[bold red]{escape(str(r['status']))}[/]"], "dim")
             for _, r in failed.sort_values(["model", "framework_label", "world_size"]).iterrows()]
 
 

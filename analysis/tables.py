@@ -30,7 +30,7 @@ from analysis.record import PHASES
 
 # One measured configuration: the rows that repeated runs of it share.
 CONFIG_KEYS: list[str] = ["model", "device", "framework", "framework_label", "mode",
-                          "batch_per_worker", "nodes", "world_size"]
+                          "batch_per_worker", "nodes", "world_size", "bandwidth", "latency"]
 
 TABLE_NAMES: tuple[str, ...] = ("throughput", "phases", "scaling", "prediction", "prediction_summary",
                                 "calibration", "failures")
@@ -96,6 +96,8 @@ def prepare(frame: pd.DataFrame) -> pd.DataFrame:
                                  "throughput", "throughput_per_worker", "global_batch", "error"]:
         if column not in frame.columns:
             frame[column] = None
+    for column in ("bandwidth", "latency"):  # emulated links; "" where none was shaped
+        frame[column] = frame[column].astype(object).where(frame[column].notna(), "")
     frame["framework_label"] = _fallback(frame["framework_label"], frame["framework"])
     frame["device"] = _fallback(_fallback(frame["device_name"], frame["device_kind"]),
                                 pd.Series("unknown device", index=frame.index))

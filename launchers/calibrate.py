@@ -58,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--frameworks", default="torch",
                         help="comma list of FRAMEWORK[:MODE] (default: %(default)s)")
     parser.add_argument("--workers", default="2", help="worker processes per node, comma list (default: 2)")
-    parser.add_argument("--nodes", default="1", help="nodes (default: 1; only 1 until a cluster transport exists)")
+    parser.add_argument("--nodes", default="1", help="nodes, comma list (default: 1; above 1 needs --cluster)")
+    parser.add_argument("--cluster", default="local",
+                        help="local, emulated, hostfile:FILE (as launchers.compare; default: %(default)s)")
+    parser.add_argument("--bandwidth", default=None,
+                        help="emulated link bandwidths, comma list (--cluster emulated)")
+    parser.add_argument("--latency", default=None,
+                        help="emulated one-way link latencies, comma list (--cluster emulated)")
     parser.add_argument("--servers", "--ps", default="1",
                         help="parameter servers for the modes that have them (default: %(default)s)")
     parser.add_argument("--min-bytes", default="1K", help="smallest message (default: %(default)s)")
@@ -92,8 +98,18 @@ def settings_from_args(args) -> dict:
     workers = planning.positive_ints(args.workers, "--workers")
     nodes = planning.positive_ints(args.nodes, "--nodes")
     servers = planning.positive_ints(args.servers, "--servers")
-    if nodes != [1]:
-        raise planning.UsageError("--nodes above 1 needs a cluster transport, which this version does not have yet")
+    from types import SimpleNamespace
+
+    from launchers.campaign import set_cluster
+
+    links = SimpleNamespace(nodes=nodes, cluster="local", bandwidths=[None], latencies=[None])
+    set_cluster(links, args)
+    if links.cluster.startswith("slurm"):
+        raise planning.UsageError("calibrate runs on local, emulated or hostfile clusters; "
+                                  "on Slurm run it inside an allocation with --cluster hostfile:FILE")
+    from launchers.cluster import parse_cluster, preflight
+
+    preflight(parse_cluster(links.cluster))  # root for namespaces: before anything is built
     for info, mode in frameworks:
         if mode not in info.server_modes and min(workers) * min(nodes) < 2:
             raise planning.UsageError(f"{info.name}:{mode} needs at least 2 workers to time an all-reduce")
@@ -102,27 +118,34 @@ def settings_from_args(args) -> dict:
         raise planning.UsageError(f"--workers {max(workers)} needs {max(workers)} GPUs per node")
     return {"frameworks": frameworks, "workers": workers, "nodes": nodes, "servers": servers[0],
             "sizes": default_sizes(low, high, args.factor), "repeats": args.repeats, "warmup": args.warmup,
-            "device": device, "out": Path(args.out).resolve(), "timeout": args.timeout}
+            "device": device, "out": Path(args.out).resolve(), "timeout": args.timeout,
+            "cluster": links.cluster, "bandwidths": links.bandwidths, "latencies": links.latencies}
 
 
-def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, settings: dict):
+def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, settings: dict,
+                    bandwidth: str | None = None, latency: str | None = None):
     """The RunConfig of one calibration (the worker's calibration mode)."""
     from adapters.base import RunConfig
+    from launchers.plan import link_tag
 
     out = settings["out"]
     servers = servers if mode in info.server_modes else 0
-    run_id = f"calibrate-{info.name}-{mode}-{nodes}x{workers}" + (f"-ps{servers}" if servers else "")
+    run_id = (f"calibrate-{info.name}-{mode}-{nodes}x{workers}" + (f"-ps{servers}" if servers else "")
+              + "".join(f"-{prefix}{link_tag(value)}" for prefix, value in
+                        (("bw", bandwidth), ("lat", latency)) if value))
     run_dir = out / "calibration" / run_id
     return RunConfig(run_id=run_id, framework=info.name, mode=mode, model=CALIBRATION_MODEL, batch_per_worker=1,
                      campaign=out.name, device=settings["device"], nodes=nodes, workers_per_node=workers,
                      servers=servers, warmup=0, iterations=1, repeats=1, profile_iterations=1,
-                     threads_per_worker=max(1, (os.cpu_count() or 1) // workers), rank_dir=str(run_dir),
+                     bandwidth=bandwidth, latency=latency,
+                     threads_per_worker=max(1, (os.cpu_count() or 1) // (
+                         workers * (nodes if settings.get("cluster") == "emulated" else 1))), rank_dir=str(run_dir),
                      record_path=str(run_dir / "calibration.json"),
                      calibrate={"sizes": settings["sizes"], "repeats": settings["repeats"],
                                 "warmup": settings["warmup"]})
 
 
-def fit_result(result: dict, info, mode: str):
+def fit_result(result: dict, info, mode: str, bandwidth: str | None = None, latency: str | None = None):
     """The CalibrationFit of one calibration run's result file."""
     from analysis.calibration import fit_calibration
 
@@ -134,14 +157,36 @@ def fit_result(result: dict, info, mode: str):
         transport=scheme.get("transport") or info.name, collective="pushpull" if algorithm == "ps" else "allreduce",
         algorithm=algorithm, device_kind=result.get("device", "cpu"), nodes=int(result["nodes"]),
         workers_per_node=int(result["workers_per_node"]), servers=servers,
-        reduction_points={int(k): v for k, v in (result.get("reduction") or {}).items()} or None)
+        reduction_points={int(k): v for k, v in (result.get("reduction") or {}).items()} or None,
+        bandwidth=bandwidth or "", latency=latency or "")
 
 
-def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False) -> list[str]:
+def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False,
+              cluster=None) -> list[str]:
     """Run, fit and store every calibration of `settings`; returns one line per failure.
 
     only_missing: skip framework/mode/topologies that already have a calibration stored.
+    cluster: the transport placing the ranks (this machine when None); on an emulated cluster
+    each bandwidth x latency of `settings` is calibrated on its own (links shaped first).
     """
+    from launchers.cluster import LocalCluster
+
+    cluster = cluster or LocalCluster()
+    failures = []
+    for info, mode in settings["frameworks"]:
+        for nodes in settings["nodes"]:
+            links = ([(b, lat) for b in settings.get("bandwidths", [None])
+                      for lat in settings.get("latencies", [None])] if nodes > 1 else [(None, None)])
+            for workers in settings["workers"]:
+                for bandwidth, latency in links:
+                    failures += calibrate_one(settings, pythons, store, console, only_missing, cluster,
+                                              info, mode, nodes, workers, bandwidth, latency)
+    return failures
+
+
+def calibrate_one(settings, pythons, store, console, only_missing, cluster, info, mode, nodes, workers,
+                  bandwidth, latency) -> list[str]:
+    """One framework, topology and link setting: run, fit, store; [] or [failure line]."""
     import datetime as dt
 
     from adapters.registry import framework_info
@@ -149,53 +194,52 @@ def calibrate(settings: dict, pythons: dict[str, str], store, console, only_miss
     from launchers.envs import REPO_ROOT
     from launchers.local import run_local
 
-    failures = []
-    stored = {(c["framework"], c["mode"], c["device_kind"], c["nodes"], c["workers_per_node"])
-              for c in store.calibrations()}
-    for info, mode in settings["frameworks"]:
-        for nodes in settings["nodes"]:
-            for workers in settings["workers"]:
-                if nodes * workers < 2 and mode not in info.server_modes:
-                    continue
-                if only_missing and (info.name, mode, settings["device"], nodes, workers) in stored:
-                    continue
-                run = calibration_run(info, mode, nodes, workers, settings["servers"], settings)
-                Path(run.rank_dir).mkdir(parents=True, exist_ok=True)
-                Path(run.record_path).unlink(missing_ok=True)
-                console.print(f"calibrating {info.name}:{mode} on {nodes}x{workers} "
-                              f"({len(settings['sizes'])} sizes x {settings['repeats']} repeats) ...")
-                started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-                if info.env not in pythons or (info.backend_env and info.backend_env not in pythons):
-                    failures.append(f"{info.name}:{mode} {nodes}x{workers}: unavailable: its environment "
-                                    "cannot be built on this machine")
-                    console.print(f"[red]{failures[-1]}[/red]")
-                    continue
-                python = pythons[framework_info(info.name).env]
-                extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]}
-                             if info.backend_env in pythons else {})
-                outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"],
-                                    extra_env=extra_env)
-                record = Path(run.record_path)
-                if outcome.status != "ok" or not record.exists():
-                    tail = [line for line in (outcome.error or "no result written").splitlines() if line.strip()]
-                    failures.append(f"{info.name}:{mode} {nodes}x{workers}: {outcome.status}: "
-                                    f"{tail[-1].strip() if tail else ''}")
-                    console.print(f"[red]{failures[-1]}[/red]")
-                    continue
-                result = json.loads(record.read_text())
-                fit = fit_result(result, info, mode)
-                points = {int(k): v for k, v in result["collective"].items()}
-                store.add_calibration(fit, points, {int(k): v for k, v in (result.get("reduction") or {}).items()},
-                                      measured_at=started, env=result.get("env"),
-                                      extra={"comm_scheme": result.get("comm_scheme"),
-                                             "loop_bytes": result.get("loop_bytes"),
-                                             "device_name": result.get("device_name"),
-                                             "duration_s": outcome.duration_s})
-                print(format_points(fit, points), flush=True)
-    return failures
+    stored = {(c["framework"], c["mode"], c["device_kind"], c["nodes"], c["workers_per_node"],
+               c.get("bandwidth") or "", c.get("latency") or "") for c in store.calibrations()}
+    if nodes * workers < 2 and mode not in info.server_modes:
+        return []
+    if only_missing and (info.name, mode, settings["device"], nodes, workers, bandwidth or "",
+                         latency or "") in stored:
+        return []
+    run = calibration_run(info, mode, nodes, workers, settings["servers"], settings, bandwidth, latency)
+    Path(run.rank_dir).mkdir(parents=True, exist_ok=True)
+    Path(run.record_path).unlink(missing_ok=True)
+    links = "".join(f", {what} {value}" for what, value in (("bandwidth", bandwidth), ("latency", latency)) if value)
+    console.print(f"calibrating {info.name}:{mode} on {nodes}x{workers}{links} "
+                  f"({len(settings['sizes'])} sizes x {settings['repeats']} repeats) ...")
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    if info.env not in pythons or (info.backend_env and info.backend_env not in pythons):
+        failure = (f"{info.name}:{mode} {nodes}x{workers}: unavailable: its environment "
+                   "cannot be built on this machine")
+        console.print(f"[red]{failure}[/red]")
+        return [failure]
+    python = pythons[framework_info(info.name).env]
+    extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]}
+                 if info.backend_env in pythons else {})
+    cluster.prepare(run)
+    outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"],
+                        extra_env=extra_env, hosts=cluster.hosts(run), wrappers=cluster.wrappers(run))
+    record = Path(run.record_path)
+    if outcome.status != "ok" or not record.exists():
+        tail = [line for line in (outcome.error or "no result written").splitlines() if line.strip()]
+        failure = f"{info.name}:{mode} {nodes}x{workers}{links}: {outcome.status}: {tail[-1].strip() if tail else ''}"
+        console.print(f"[red]{failure}[/red]")
+        return [failure]
+    result = json.loads(record.read_text())
+    fit = fit_result(result, info, mode, bandwidth, latency)
+    points = {int(k): v for k, v in result["collective"].items()}
+    store.add_calibration(fit, points, {int(k): v for k, v in (result.get("reduction") or {}).items()},
+                          measured_at=started, env=result.get("env"),
+                          extra={"comm_scheme": result.get("comm_scheme"),
+                                 "loop_bytes": result.get("loop_bytes"),
+                                 "device_name": result.get("device_name"),
+                                 "duration_s": outcome.duration_s, "cluster": settings.get("cluster", "local")})
+    print(format_points(fit, points), flush=True)
+    return []
 
 
-def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, store, console) -> list[str]:
+def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, store, console,
+                       cluster=None) -> list[str]:
     """`compare --calibrate`: calibrate every framework of the campaign at each of its worker
     counts above one that has no calibration stored yet (default sizes, 10 repeats).
     Failures are printed and returned; the campaign goes on (its predictions then fall back
@@ -205,8 +249,9 @@ def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, sto
     settings = {"frameworks": [(info, mode) for info, mode in campaign.frameworks if info.name not in unavailable],
                 "workers": campaign.workers, "nodes": campaign.nodes, "servers": campaign.servers[0],
                 "sizes": default_sizes(), "repeats": 10, "warmup": 2, "device": campaign.device,
-                "out": campaign.out, "timeout": campaign.timeout}
-    return calibrate(settings, pythons, store, console, only_missing=True)
+                "out": campaign.out, "timeout": campaign.timeout, "cluster": campaign.cluster,
+                "bandwidths": campaign.bandwidths, "latencies": campaign.latencies}
+    return calibrate(settings, pythons, store, console, only_missing=True, cluster=cluster)
 
 
 def summary_lines(store) -> list[str]:
@@ -225,8 +270,12 @@ def summary_lines(store) -> list[str]:
 
 def run_cli(args, argv: list[str]) -> int:
     import shlex
+    import signal
+    from types import SimpleNamespace
 
     from rich.console import Console
+
+    from launchers.cluster import ClusterError, make_cluster, parse_cluster
 
     from analysis.store import ResultStore, StoreError
     from launchers import plan as planning
@@ -246,13 +295,18 @@ def run_cli(args, argv: list[str]) -> int:
                     pythons[name] = str(ensure_environment(name, log=console.print).python)
                 except EnvUnavailable as error:  # said again when its turn comes
                     console.print(f"[yellow]{info.name}: cannot run on this machine: {error}[/yellow]")
-    except (planning.UsageError, EnvBuildError, StoreError) as error:
+        cluster = make_cluster(parse_cluster(settings["cluster"]), SimpleNamespace(
+            nodes=settings["nodes"], latencies=settings["latencies"]))
+    except (planning.UsageError, EnvBuildError, StoreError, ClusterError) as error:
         print(f"dlcompare: error: {error}", file=sys.stderr)
         return 2
-    with store:
+    from launchers.campaign import raise_interrupt
+
+    signal.signal(signal.SIGTERM, raise_interrupt)  # like Ctrl-C: ranks killed, cluster removed
+    with store, cluster:
         store.set_meta("calibration_command", "python -m launchers.calibrate " + shlex.join(argv))
         try:
-            failures = calibrate(settings, pythons, store, console)
+            failures = calibrate(settings, pythons, store, console, cluster=cluster)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: finished calibrations are stored[/yellow]")
             return 130

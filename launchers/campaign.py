@@ -24,7 +24,8 @@ from analysis.record import empty_record
 from launchers import plan as planning
 from launchers.envs import (REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home,
                             ensure_environment)
-from launchers.local import run_local
+from launchers.cluster import ClusterError, LocalCluster, make_cluster, parse_cluster, preflight
+from launchers.local import planned_commands, run_local
 from models import get_model
 
 
@@ -69,11 +70,44 @@ def campaign_from_args(args) -> planning.Campaign:
     if campaign.runtime == "container" and getattr(args, "calibrate", False):
         raise planning.UsageError("--calibrate runs on the local runtime only so far; "
                                   "calibrate first without --runtime container")
-    if campaign.nodes != [1]:
-        raise planning.UsageError("--nodes above 1 needs a cluster transport, which this "
-                                  "version does not have yet; use --nodes 1")
+    set_cluster(campaign, args)
     planning.check_batch_fits(campaign)
     return campaign
+
+
+def set_cluster(campaign: planning.Campaign, args) -> None:
+    """--cluster, --bandwidth, --latency into the campaign, checked (UsageError)."""
+    from analysis.predict import parse_bandwidth, parse_latency
+    from launchers.cluster import ClusterError, parse_cluster
+
+    try:
+        spec = parse_cluster(getattr(args, "cluster", None))
+    except ClusterError as error:
+        raise planning.UsageError(str(error)) from None
+    campaign.cluster = spec.label
+    campaign.bandwidths = planning.parse_links(getattr(args, "bandwidth", None), "--bandwidth",
+                                               parse_bandwidth)
+    campaign.latencies = planning.parse_links(getattr(args, "latency", None), "--latency",
+                                              parse_latency)
+    shaped = campaign.bandwidths != [None] or campaign.latencies != [None]
+    if shaped and spec.kind != "emulated":
+        raise planning.UsageError("--bandwidth and --latency shape the links of --cluster "
+                                  "emulated; a real cluster's network is what it is")
+    if spec.kind == "local" and campaign.nodes != [1]:
+        raise planning.UsageError("--nodes above 1 needs a cluster transport: --cluster "
+                                  "emulated, hostfile:FILE or slurm")
+    if spec.kind == "emulated" and max(campaign.nodes) > 16:
+        raise planning.UsageError("--cluster emulated runs at most 16 nodes on one host")
+    if spec.kind == "hostfile":  # read now: a malformed hostfile is bad input
+        from launchers.cluster.ssh import read_hostfile
+
+        try:
+            nodes = read_hostfile(spec.path)
+        except ClusterError as error:
+            raise planning.UsageError(str(error)) from None
+        if max(campaign.nodes) > len(nodes):
+            raise planning.UsageError(f"--nodes {max(campaign.nodes)} but {spec.path} lists "
+                                      f"{len(nodes)} node(s)")
 
 
 def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[str]) -> None:
@@ -179,6 +213,7 @@ def failure_record(run: RunConfig, status: str, error: str, duration: float) -> 
         nodes=run.nodes, workers_per_node=run.workers_per_node, world_size=run.world_size,
         servers=run.servers,
         batch_per_worker=run.batch_per_worker, global_batch=run.global_batch, scaling="weak",
+        bandwidth=run.bandwidth, latency=run.latency,
         dtype=run.dtype, layout=run.layout, data=run.data, warmup=run.warmup,
         iterations=run.iterations, repeats=run.repeats,
         threads_per_worker=run.threads_per_worker, git_revision=run.git_revision,
@@ -194,25 +229,41 @@ def unavailable_record(run: RunConfig, error: str, duration: float = 0.0) -> dic
 
 
 def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign,
-            on_progress, containers=None) -> dict:
-    """One run through the local transport, each process in its framework's image when
-    `containers` (launchers.container_runtime.ContainerImages) is given; always returns a
-    record (ok or failure)."""
+            on_progress, cluster=None, containers=None) -> dict:
+    """One run, its processes placed by the cluster transport (this machine by default),
+    each in its framework's image when `containers` (container_runtime.ContainerImages) is
+    given; always returns a record (ok or failure)."""
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     info = framework_info(run.framework)
     run_dir = Path(run.rank_dir)
     Path(run.record_path).unlink(missing_ok=True)
     extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]} if info.backend_env else {})
+    cluster = cluster or LocalCluster()
     runtime = containers.runtime_for(run, info.env, pythons[info.env]) if containers else None
     try:
-        outcome = run_local(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
-                            campaign.timeout, on_progress, extra_env=extra_env,
-                            wrappers=[runtime.wrap] if runtime else [])
+        placed = cluster.prepare(run)
+        sent_before = cluster.traffic()
+        runner = getattr(cluster, "run", None) or run_local  # slurm runs through sbatch
+        # innermost first: the image runs the command, the node's wrapper places the image
+        wrappers = ([runtime.wrap] if runtime else []) + cluster.wrappers(run)
+        outcome = runner(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
+                         campaign.timeout, on_progress, extra_env=extra_env,
+                         hosts=cluster.hosts(run), wrappers=wrappers)
+        if sent_before:  # bytes each node sent over its link during the run
+            placed["link_bytes_sent"] = [after - before for after, before in
+                                         zip(cluster.traffic(), sent_before)][:run.nodes]
+    except (ClusterError, ValueError, OSError) as error:  # the run cannot be placed
+        record = failure_record(run, "failed", f"{type(error).__name__}: {error}", 0.0)
+        record.update(started_at=started)
+        return record
     finally:
+        getattr(cluster, "finish", lambda run: None)(run)  # what a run left on other nodes
         if runtime:
             runtime.remove()
     record = outcome_record(run, outcome)
     record.update(started_at=started, duration_s=outcome.duration_s)
+    if placed:
+        record["extra"] = {**(record.get("extra") or {}), **placed}
     if runtime:  # which image ran it: the digest of its content, and its name
         record["image_digest"] = runtime.image.id
         record.setdefault("extra", {}).update(runtime="container", image=runtime.image.tag)
@@ -234,7 +285,8 @@ def outcome_record(run: RunConfig, outcome) -> dict:
     return record
 
 
-def run_all(campaign, pending, pythons, unavailable, store, containers=None) -> list[dict]:
+def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
+            containers=None) -> list[dict]:
     """Run the pending runs with a campaign bar and a per-run bar; store each record."""
     records = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -251,7 +303,7 @@ def run_all(campaign, pending, pythons, unavailable, store, containers=None) -> 
             if run.framework in unavailable:
                 record = unavailable_record(run, f"unavailable here: {unavailable[run.framework]}")
             else:
-                record = execute(run, pythons, campaign, update, containers)
+                record = execute(run, pythons, campaign, update, cluster, containers)
             store.add(record)
             predict_stored(store, record, console)  # the performance model's prediction
             records.append(record)
@@ -264,15 +316,51 @@ def run_all(campaign, pending, pythons, unavailable, store, containers=None) -> 
     return records
 
 
+def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster) -> None:
+    """--dry-run on a cluster: each node's commands and the environment each receives."""
+    for line in cluster.describe():
+        console.print(line)
+    for run in runs:
+        info = framework_info(run.framework)
+        console.print(f"[bold]{run.run_id}[/bold]")
+        if hasattr(cluster, "script"):  # slurm: the batch script is what the nodes receive
+            console.print(cluster.script(run, f"<{info.env} python>", info.rendezvous,
+                                         campaign.timeout), markup=False, highlight=False,
+                          soft_wrap=True)
+            continue
+        try:
+            placed = planned_commands(run, f"<{info.env} python>", info.rendezvous, REPO_ROOT,
+                                      hosts=cluster.hosts(run), wrappers=cluster.wrappers(run))
+        except (ValueError, RuntimeError) as error:
+            console.print(f"  cannot place: {error}")
+            continue
+        for spec, argv, env in placed:
+            console.print(f"  {spec.name} on {spec.host.target}: {shlex.join(argv)}",
+                          markup=False, highlight=False, soft_wrap=True)
+            shown = {k: v for k, v in sorted(env.items()) if k not in ("PATH",)}
+            console.print("    env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()),
+                          markup=False, highlight=False, soft_wrap=True)
+
+
+def raise_interrupt(signum, frame):
+    """SIGTERM ends a campaign like Ctrl-C: runs killed, cluster torn down, stored runs kept."""
+    raise KeyboardInterrupt
+
+
 def run_campaign_cli(args, argv: list[str]) -> int:
+    import signal
+
     from analysis.report import build_report
     from analysis.store import ResultStore, StoreError
     from analysis.summary import print_summary
 
+    cluster = None
     try:
         campaign = campaign_from_args(args)
         runs = planning.expand(campaign)
+        spec = parse_cluster(campaign.cluster)
         if not args.dry_run:
+            preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
             planning.check_out_dir(campaign.out)
         store = None if args.dry_run and not (campaign.out / "results.sqlite").exists() \
             else ResultStore.for_campaign(campaign.out)
@@ -281,25 +369,34 @@ def run_campaign_cli(args, argv: list[str]) -> int:
             stored = store.run_ids(status="ok")
         print_plan(campaign, runs, stored)
         if args.dry_run:
+            if spec.kind != "local":
+                print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))
             return 0
         pythons, unavailable, containers = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]
         prepare_data(campaign, pending)
+        signal.signal(signal.SIGTERM, raise_interrupt)
+        cluster = make_cluster(spec, campaign)
+    except (planning.UsageError, EnvBuildError, StoreError, ClusterError) as error:
+        print(f"dlcompare: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
+        store.set_meta("settings", planning.campaign_summary(campaign))
         if getattr(args, "calibrate", False):  # alpha, beta of each transport, where missing
             from launchers.calibrate import calibrate_campaign
 
-            calibrate_campaign(campaign, pythons, unavailable, store, console)
-    except (planning.UsageError, EnvBuildError, StoreError) as error:
-        print(f"dlcompare: error: {error}", file=sys.stderr)
-        return 2
-    store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
-    store.set_meta("settings", planning.campaign_summary(campaign))
-    try:
-        records = run_all(campaign, pending, pythons, unavailable, store, containers)
+            calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
+        for note in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
+                                  for latency in campaign.latencies)):
+            console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
+        records = run_all(campaign, pending, pythons, unavailable, store, cluster, containers)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stored runs are kept; run the same command "
                       "again to resume[/yellow]")
         return 130
+    finally:
+        cluster.close()
     report = build_report(campaign.out)
     print_summary(campaign.out, make_console(sys.stdout))
     console.print(f"report: {report}")

@@ -38,7 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", default=None,
                         help="worker processes per node, comma list (default: 1,2 on CPU; "
                              "1,2,4.. up to the GPUs present)")
-    parser.add_argument("--nodes", default="1", help="node counts, comma list (default: 1)")
+    parser.add_argument("--nodes", default="1",
+                        help="node counts, comma list (default: 1; above 1 needs --cluster)")
+    parser.add_argument("--cluster", default="local",
+                        help="where the nodes are: local (this machine, 1 node), emulated "
+                             "(network namespaces on this host with shaped links; root), "
+                             "hostfile:FILE (ssh, one 'host slots=N' line per node), slurm "
+                             "(an sbatch job per run) (default: %(default)s)")
+    parser.add_argument("--bandwidth", default=None,
+                        help="emulated link bandwidth, comma list, e.g. 1Gbit,10Gbit "
+                             "(--cluster emulated; default: unshaped)")
+    parser.add_argument("--latency", default=None,
+                        help="emulated one-way link latency, comma list, e.g. 0.2ms "
+                             "(--cluster emulated, needs the kernel's netem; default: none)")
     parser.add_argument("--servers", "--ps", default="1",
                         help="parameter servers for the modes that have them, comma list "
                              "(default: %(default)s)")

@@ -72,14 +72,15 @@ class ProcessGroupRun:
         self.processes: list[subprocess.Popen] = []
         self.pgid: int | None = None
 
-    def start(self, run_json: Path) -> None:
+    def commands(self, run_json: Path) -> list[tuple[ProcessSpec, list[str], dict[str, str]]]:
+        """(spec, argv, environment) of every process, wrappers applied: what `start` runs and
+        what a dry run prints."""
         base = {**os.environ, **thread_env(self.config.threads_per_worker),
                 "PYTHONPATH": str(self.cwd), "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
                 **self.extra_env}
         base.pop("DLCOMPARE_HOST_ENV", None)
+        placed = []
         for spec in self.specs:
-            stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
-            stdout = open(self.run_dir / f"{spec.name}.stdout", "wb")
             # `{python}` in a launcher item is the framework environment's interpreter
             # (horovodrun is run as `{python} -m horovod.runner.launch`).
             launcher = [item.replace("{python}", self.python) for item in spec.launcher]
@@ -87,6 +88,13 @@ class ProcessGroupRun:
             env = {**base, **spec.env}
             for wrap in self.wrappers:
                 argv, env = wrap(spec, argv, env)
+            placed.append((spec, argv, env))
+        return placed
+
+    def start(self, run_json: Path) -> None:
+        for spec, argv, env in self.commands(run_json):
+            stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
+            stdout = open(self.run_dir / f"{spec.name}.stdout", "wb")
             process = subprocess.Popen(
                 argv, cwd=self.cwd, env=env, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, process_group=0 if self.pgid is None else self.pgid)
@@ -199,3 +207,15 @@ def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: st
     except BaseException:
         group.kill()
         raise
+
+
+def planned_commands(config: RunConfig, python: str, rendezvous_kind: str, cwd: Path,
+                     extra_env: dict[str, str] | None = None, hosts: list[Host] | None = None,
+                     wrappers: list[CommandWrapper] = ()) -> list[tuple[ProcessSpec, list[str], dict[str, str]]]:
+    """What `run_local` would start for `config`, without starting anything: (spec, argv,
+    the environment variables the run sets beyond this process's own) per process."""
+    group = ProcessGroupRun(config, python, Path(config.rank_dir or "."), rendezvous_kind, cwd,
+                            extra_env, hosts, wrappers)
+    own = dict(os.environ)
+    return [(spec, argv, {k: v for k, v in env.items() if own.get(k) != v})
+            for spec, argv, env in group.commands(Path(config.rank_dir or ".") / "RUN.json")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -135,6 +136,9 @@ class Campaign:
     fault: dict | None = None
     git_revision: str = ""
     runtime: str = "local"  # local: the framework's virtualenv; container: its image
+    cluster: str = "local"  # local, emulated, hostfile:FILE, slurm (launchers/cluster/)
+    bandwidths: list[str | None] = field(default_factory=lambda: [None])  # emulated links
+    latencies: list[str | None] = field(default_factory=lambda: [None])
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def batches_for(self, model: str) -> list[int]:
@@ -158,9 +162,39 @@ def expand(campaign: Campaign) -> list[RunConfig]:
                 for workers in campaign.workers:
                     for servers in server_counts(campaign, info, mode, nodes * workers):
                         for batch in campaign.batches_for(model):
-                            runs.append(make_run(campaign, info, mode, model, nodes, workers,
-                                                 servers, batch))
+                            for bandwidth, latency in links_for(campaign, nodes):
+                                runs.append(make_run(campaign, info, mode, model, nodes, workers,
+                                                     servers, batch, bandwidth, latency))
     return runs
+
+
+def links_for(campaign: Campaign, nodes: int) -> list[tuple[str | None, str | None]]:
+    """Bandwidth x latency of the emulated links; a one-node run crosses no link, so it is
+    one run (no bandwidth, no latency) whatever the sweep."""
+    if nodes == 1:
+        return [(None, None)]
+    return [(b, lat) for b in campaign.bandwidths for lat in campaign.latencies]
+
+
+def parse_links(text: str | None, what: str, parse) -> list[str | None]:
+    """A comma list of bandwidths or latencies, each checked by `parse` (analysis.predict's
+    unit parser); None when not given."""
+    if text is None:
+        return [None]
+    items = list(dict.fromkeys(part.strip() for part in str(text).split(",") if part.strip()))
+    if not items:
+        raise UsageError(f"{what} is empty")
+    for item in items:
+        try:
+            parse(item)
+        except ValueError as error:
+            raise UsageError(f"{what}: {error}") from None
+    return items
+
+
+def link_tag(value: str | None) -> str:
+    """A bandwidth or latency as a run-id part: '1Gbit' -> '1Gbit', '0.2 ms' -> '0.2ms'."""
+    return re.sub(r"[^0-9A-Za-z.]", "", value or "")
 
 
 def server_counts(campaign: Campaign, info: FrameworkInfo, mode: str, world: int) -> list[int]:
@@ -172,23 +206,35 @@ def server_counts(campaign: Campaign, info: FrameworkInfo, mode: str, world: int
 
 
 def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nodes: int,
-             workers: int, servers: int, batch: int) -> RunConfig:
+             workers: int, servers: int, batch: int, bandwidth: str | None = None,
+             latency: str | None = None) -> RunConfig:
     measured = dict(
         framework=info.name, mode=mode, model=model, nodes=nodes, workers_per_node=workers,
         servers=servers, batch_per_worker=batch, device=campaign.device, iterations=campaign.iterations,
         warmup=campaign.warmup, repeats=campaign.repeats,
         profile_iterations=campaign.profile_iterations, data=campaign.data,
         dropout=campaign.dropout, seed=campaign.seed, loader_workers=campaign.loader_workers,
-        threads_per_worker=campaign.threads_per_worker(workers),
+        # emulated nodes share this machine's cores: every worker of the run gets its share
+        threads_per_worker=campaign.threads_per_worker(
+            workers * (nodes if campaign.cluster == "emulated" else 1)),
         options={"channels_last": campaign.channels_last},
         layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
     )
-    # A container run is a different measurement of the same configuration; local runs keep
-    # the identities they had before runtimes existed (stored campaigns still resume).
-    digest = config_hash(measured if campaign.runtime == "local"
-                         else {**measured, "runtime": campaign.runtime})
+    # Where the nodes are and what runs the ranks change what is measured; local runs on the
+    # host keep the identities they had before transports and runtimes existed (stored
+    # campaigns still resume).
+    if campaign.cluster != "local":
+        measured.update(cluster=campaign.cluster.split(":")[0], bandwidth=bandwidth,
+                        latency=latency)
+    if campaign.runtime != "local":
+        measured["runtime"] = campaign.runtime
+    digest = config_hash(measured)
+    measured.pop("cluster", None)
+    measured.pop("runtime", None)
     servers_part = f"-ps{servers}" if servers else ""
-    run_id = (f"{info.name}-{mode}-{model}-{nodes}x{workers}{servers_part}-b{batch}-"
+    link_part = "".join(f"-{prefix}{link_tag(value)}" for prefix, value in
+                        (("bw", bandwidth), ("lat", latency)) if value)
+    run_id = (f"{info.name}-{mode}-{model}-{nodes}x{workers}{servers_part}-b{batch}{link_part}-"
               f"{campaign.data}-{digest[:6]}")
     run_dir = campaign.out / "runs" / run_id
     return RunConfig(run_id=run_id, campaign=campaign.out.name, config_hash=digest,

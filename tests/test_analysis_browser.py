@@ -77,7 +77,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert console_errors == [], console_errors
     assert page_errors == [], page_errors
     assert failed_requests == [], failed_requests
-    assert len(images) == len(figures.FIGURES)
+    assert len(images) == len(set(figures.FIGURES) - figures.OPTIONAL_FIGURES)
     for image in images:
         assert image["complete"] and image["width"] > 0, image
     assert "dlcompare report" in title

@@ -18,17 +18,39 @@ KINDS = ("torch", "mpi", "dmlc", "tf", "horovod")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
+    """A TCP port nobody listens on right now (the OS picks it).
+
+    A node's address that is not this machine's (another host, or an emulated node inside its
+    own network namespace) cannot be bound here: any free port of this machine is then taken,
+    which on a fresh node or namespace is free too."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        try:
+            sock.bind((host, 0))
+        except OSError:
+            sock.bind(("", 0))
         return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)
 class Host:
-    """A node the run may use: its address as the other nodes reach it."""
+    """A node the run may use: its address as the other nodes reach it, the name launchers
+    such as mpirun, horovodrun and ssh reach it by (empty: the address), the network interface
+    its ranks must use (None: loopback, this machine), and its slots (0: unknown)."""
 
     address: str = "127.0.0.1"
+    name: str = ""
+    interface: str | None = None
+    slots: int = 0
+
+    @property
+    def target(self) -> str:
+        """How a launcher names this node (mpirun -H, horovodrun -H, ssh)."""
+        return self.name or self.address
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.interface in (None, "lo") and (
+            self.address.startswith("127.") or self.address in ("localhost", "::1"))
 
 
 @dataclass

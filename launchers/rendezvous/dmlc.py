@@ -20,10 +20,6 @@ SERVER_MODES = ("dist_sync", "dist_device_sync")
 IN_PROCESS_MODES = ("local", "device", "nccl")
 
 
-def is_loopback(address: str) -> bool:
-    return address.startswith("127.") or address in ("localhost", "::1")
-
-
 def processes(config, hosts) -> list[ProcessSpec]:
     if config.mode in IN_PROCESS_MODES:
         if config.nodes != 1:
@@ -42,8 +38,10 @@ def processes(config, hosts) -> list[ProcessSpec]:
 
     def env(role: str, host, extra: dict | None = None) -> dict[str, str]:
         values = {**(extra or {}), **common, "DMLC_ROLE": role, "DMLC_NODE_HOST": host.address}
-        if is_loopback(host.address):
+        if host.is_loopback:
             values["DMLC_INTERFACE"] = "lo"
+        elif host.interface:
+            values["DMLC_INTERFACE"] = host.interface
         return values
 
     specs = [ProcessSpec("scheduler", 0, hosts[0], env("scheduler", hosts[0]))]

@@ -14,18 +14,16 @@ from launchers.rendezvous import ProcessSpec
 from launchers.rendezvous.mpi import mpirun_command
 
 
-def is_loopback(address: str) -> bool:
-    return address.startswith("127.") or address in ("localhost", "::1")
-
-
 def horovodrun_command(config, hosts) -> list[str]:
     nodes = [hosts[node] for node in range(config.nodes)]
-    if all(is_loopback(host.address) for host in nodes):
+    if config.nodes == 1 or all(host.is_loopback for host in nodes):
+        # one node (this machine, or one emulated or real node): ranks started locally
         host_list = f"localhost:{config.world_size}"
         interface = ["--network-interfaces", "lo"]
-    else:  # one slot list per node; horovodrun reaches the others over ssh (untested here)
-        host_list = ",".join(f"{host.address}:{config.workers_per_node}" for host in nodes)
-        interface = []
+    else:  # one slot list per node; horovodrun reaches the others with `ssh` (on an emulated
+        # cluster the transport's stand-in on PATH, which enters the node's namespace)
+        host_list = ",".join(f"{host.target}:{config.workers_per_node}" for host in nodes)
+        interface = ["--network-interfaces", nodes[0].interface] if nodes[0].interface else []
     return ["{python}", "-m", "horovod.runner.launch", "-np", str(config.world_size),
             "-H", host_list, "--gloo", *interface, "--start-timeout", "120"]
 
@@ -36,7 +34,8 @@ def processes(config, hosts) -> list[ProcessSpec]:
         launcher = horovodrun_command(config, hosts)
         env.update(HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
     elif config.mode == "mpi":
-        launcher = mpirun_command(config.world_size, hosts)
+        launcher = mpirun_command(config.world_size, hosts[:config.nodes],
+                                  config.workers_per_node)
         env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1")

@@ -3,6 +3,13 @@
 Flags: --oversubscribe (more ranks than cores is how this tool runs several workers on a small
 machine), --bind-to none (bound ranks on emulated hosts share one core and every small
 collective then costs milliseconds), and root permission through OpenMPI's variables.
+
+On several nodes mpirun gets `-H node:slots,...` and the interface the nodes share (its
+daemons and the TCP transport stay on it), and only the TCP and self transports: emulated
+nodes share this machine's hostname space and memory, and shared memory between them would
+bypass the shaped links. How mpirun reaches the other nodes (ssh by default; an agent that
+enters a network namespace on an emulated cluster) is the cluster transport's business:
+it sets OMPI_MCA_plm_rsh_agent, which mpirun reads like --mca plm_rsh_agent.
 """
 
 from __future__ import annotations
@@ -16,21 +23,27 @@ class MpiMissing(RuntimeError):
     pass
 
 
-def mpirun_command(world_size: int, hosts) -> list[str]:
+def mpirun_command(world_size: int, hosts, workers_per_node: int | None = None) -> list[str]:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise MpiMissing("mpirun not found: install OpenMPI (Debian: openmpi-bin libopenmpi-dev)")
-    command = [mpirun, "-np", str(world_size), "--oversubscribe", "--bind-to", "none",
-               "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
-    addresses = sorted({host.address for host in hosts})
-    if addresses != ["127.0.0.1"]:
-        raise ValueError("the MPI rendezvous runs on this host only so far")
-    return command
+    command = [mpirun, "-np", str(world_size), "--oversubscribe", "--bind-to", "none"]
+    nodes = list(dict.fromkeys(hosts))
+    if all(host.is_loopback for host in nodes):
+        return command + ["--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+    per_node = workers_per_node or max(1, world_size // len(nodes))
+    interface = nodes[0].interface  # None: OpenMPI picks among the nodes' interfaces
+    return command + ["-H", ",".join(f"{host.target}:{per_node}" for host in nodes),
+                      "--map-by", "node" if per_node == 1 else "slot",
+                      "--mca", "btl", "tcp,self"] + (
+        ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include", interface]
+        if interface else [])
 
 
 def processes(config, hosts) -> list[ProcessSpec]:
     env = {"DLC_WORLD_SIZE": str(config.world_size), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    spec = ProcessSpec("worker", 0, hosts[0], env, launcher=mpirun_command(config.world_size, hosts))
+    launcher = mpirun_command(config.world_size, hosts[:config.nodes], config.workers_per_node)
+    spec = ProcessSpec("worker", 0, hosts[0], env, launcher=launcher)
     spec.env.pop("DLC_ROLE_INDEX", None)
     return [spec]

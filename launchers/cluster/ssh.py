@@ -1,0 +1,196 @@
+"""Real nodes over ssh: `--cluster hostfile:FILE`.
+
+The hostfile has one node per line, OpenMPI's style plus optional ssh settings:
+
+    # comment
+    node1 slots=4
+    node2 slots=4 interface=ib0 user=alice port=22 identity=~/.ssh/id_ed25519
+    node3 slots=4 config=~/cluster_ssh_config
+
+`slots` defaults to 1; `interface` is the network interface the ranks use on that node (the
+same name on every node; default: the framework picks); `address` overrides the address the
+other nodes reach it by (default: the name, resolved here). ssh must work without a password
+(keys; BatchMode is set, so a prompt is an error, not a hang), and the repository, the
+framework environments (~/.cache/dlcompare) and the campaign folder must be at the same path
+on every node, as a cluster's shared file system gives: rank 0 writes the record there.
+
+Each process of a run is started as `ssh NODE 'cd REPO && echo $$ > PIDFILE && exec env
+VARS... ARGV'`: the environment the run sets travels on the command line (ssh passes none),
+and sshd starts the command as the leader of a new session, so when the run ends (success,
+failure, timeout, Ctrl-C) `finish` kills that whole process group on the node by the pid
+the command wrote, because killing the local ssh client alone would leave the remote ranks
+running.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from launchers.cluster import ClusterError
+from launchers.envs import REPO_ROOT
+from launchers.rendezvous import Host
+
+OPTIONS = ("slots", "interface", "address", "user", "port", "identity", "config")
+# Variables of this machine that make no sense on another one.
+LOCAL_ONLY = ("PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "SSH_AUTH_SOCK", "SSH_CLIENT",
+              "SSH_CONNECTION", "SSH_TTY", "TERM", "DISPLAY", "XDG_RUNTIME_DIR", "MAIL", "LS_COLORS")
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    slots: int = 1
+    interface: str | None = None
+    address: str = ""
+    user: str = ""
+    port: int = 0
+    identity: str = ""
+    config: str = ""  # an ssh_config file for this node (ssh -F)
+
+    def ssh(self) -> list[str]:
+        """The ssh command that reaches this node, without the remote command."""
+        command = ["ssh"] + (["-F", os.path.expanduser(self.config)] if self.config else [])
+        command += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+                    "-o", "ConnectTimeout=20"]
+        if self.port:
+            command += ["-p", str(self.port)]
+        if self.identity:
+            command += ["-i", os.path.expanduser(self.identity)]
+        return command + [f"{self.user}@{self.name}" if self.user else self.name]
+
+
+def read_hostfile(path: str) -> list[Node]:
+    """The nodes of a hostfile; any malformed line is a ClusterError naming file and line."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as error:
+        raise ClusterError(f"cannot read hostfile {path}: {error.strerror or error}") from None
+    nodes = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, *options = line.split()
+        values = {}
+        for option in options:
+            key, sep, value = option.partition("=")
+            if not sep or key not in OPTIONS or not value:
+                raise ClusterError(f"hostfile {path} line {number}: cannot read {option!r} "
+                                   f"(expected NAME [{'=... '.join(OPTIONS)}=...])")
+            values[key] = value
+        for key in ("slots", "port"):
+            if key in values:
+                if not values[key].isdigit() or int(values[key]) < 1:
+                    raise ClusterError(f"hostfile {path} line {number}: {key} must be a positive "
+                                       f"whole number, got {values[key]!r}")
+                values[key] = int(values[key])
+        if any(node.name == name for node in nodes):
+            raise ClusterError(f"hostfile {path} line {number}: node {name} listed twice")
+        nodes.append(Node(name, **values))
+    if not nodes:
+        raise ClusterError(f"hostfile {path} lists no node")
+    return nodes
+
+
+class SshCluster:
+    """The hostfile's nodes, reached over ssh; see the module docstring."""
+
+    kind = "hostfile"
+
+    def __init__(self, nodes: list[Node], resolve: bool = True):
+        self.nodes = nodes
+        self.max_nodes = len(nodes)
+        self.addresses = {node.name: node.address or (_resolve(node.name) if resolve else node.name)
+                          for node in nodes}
+        self.started: dict[str, list[tuple[Node, Path]]] = {}
+
+    @classmethod
+    def from_hostfile(cls, path: str, campaign=None, dry_run: bool = False) -> "SshCluster":
+        return cls(read_hostfile(path), resolve=not dry_run)
+
+    def hosts(self, run) -> list[Host]:
+        if run.nodes > len(self.nodes):
+            raise ClusterError(f"run needs {run.nodes} nodes, the hostfile lists {len(self.nodes)}")
+        return [Host(address=self.addresses[node.name], name=node.name, interface=node.interface,
+                     slots=node.slots) for node in self.nodes[:run.nodes]]
+
+    def wrappers(self, run) -> list:
+        run_dir = Path(run.rank_dir)
+        own = dict(os.environ)
+
+        def wrap(spec, argv: list[str], env: dict[str, str]):
+            node = next(n for n in self.nodes if n.name == spec.host.name)
+            pidfile = run_dir / f"{spec.name}.remote-pid"
+            self.started.setdefault(run.run_id, []).append((node, pidfile))
+            env = dict(env)
+            for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                if node.interface:  # the node's network, not the launcher's loopback
+                    env[name] = node.interface
+                else:
+                    env.pop(name, None)
+            sent = {k: v for k, v in env.items() if own.get(k) != v and k not in LOCAL_ONLY}
+            sent.setdefault("PYTHONPATH", env.get("PYTHONPATH", ""))
+            unset = " ".join(f"-u {name}" for name in ("GLOO_SOCKET_IFNAME",) if name not in env)
+            argv = forward_to_mpi_ranks(argv, sent, node)
+            remote = (f"cd {shlex.quote(str(REPO_ROOT))} && echo $$ > {shlex.quote(str(pidfile))} && "
+                      f"exec env {unset} {' '.join(f'{k}={shlex.quote(v)}' for k, v in sorted(sent.items()))} "
+                      f"{shlex.join(argv)}")
+            return [*node.ssh(), remote], env
+
+        return [wrap]
+
+    def prepare(self, run) -> dict:
+        return {"cluster": "hostfile", "hosts": [n.name for n in self.nodes[:run.nodes]]}
+
+    def finish(self, run) -> None:
+        """Kill what the run left on each node: the process group each command led."""
+        for node, pidfile in self.started.pop(run.run_id, []):
+            try:
+                pid = int(pidfile.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            subprocess.run([*node.ssh(), f"kill -KILL -- -{pid} 2>/dev/null; true"],
+                           capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    def traffic(self) -> list[int]:
+        return []
+
+    def describe(self) -> list[str]:
+        return [f"hostfile: {len(self.nodes)} nodes over ssh"] + [
+            f"  {node.name} ({self.addresses[node.name]}) slots={node.slots}"
+            + (f" interface={node.interface}" if node.interface else "") for node in self.nodes]
+
+    def close(self) -> None:
+        for run_id in list(self.started):
+            self.finish(type("Run", (), {"run_id": run_id})())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def forward_to_mpi_ranks(argv: list[str], sent: dict[str, str], node: Node) -> list[str]:
+    """mpirun's ranks on the other nodes get only what mpirun forwards: `-x NAME` for every
+    variable the run sets, and mpirun's own ssh to the other nodes with this node's ssh
+    settings (config file, identity, port)."""
+    if not argv or Path(argv[0]).name != "mpirun":
+        return argv
+    forwarded = [item for name in sorted(sent) if not name.startswith("OMPI_")
+                 for item in ("-x", name)]
+    ssh_args = node.ssh()[1:-1]  # the options, without "ssh" and the destination
+    return [argv[0], *forwarded, "--mca", "plm_rsh_args", " ".join(ssh_args), *argv[1:]]
+
+
+def _resolve(name: str) -> str:
+    """The node's address as this machine resolves it (ranks rendezvous on addresses)."""
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        raise ClusterError(f"cannot resolve node {name!r} of the hostfile") from None
