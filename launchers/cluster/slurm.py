@@ -29,15 +29,16 @@ import sys
 import time
 from pathlib import Path
 
-from launchers.cluster import ClusterError
+from launchers.cluster import ClusterError, LocalCluster
 from launchers.rendezvous import Host
 
 POLL_SECONDS = 2.0
 START_GRACE_S = 600  # waiting in the queue does not count against the run's timeout
 
 
-class SlurmCluster:
-    """Runs through sbatch; `hosts`/`wrappers` apply inside the job (see `inside`)."""
+class SlurmCluster(LocalCluster):
+    """Runs through sbatch; `hosts`/`wrappers` apply inside the job (see `inside`). Nothing
+    is placed from the campaign's side: no wrappers, no link counters, nothing to tear down."""
 
     kind = "slurm"
     max_nodes = 10 ** 6
@@ -91,27 +92,12 @@ class SlurmCluster:
     def hosts(self, run) -> list[Host]:
         return []  # known only inside the allocation
 
-    def wrappers(self, run) -> list:
-        return []
-
     def prepare(self, run) -> dict:
         return {"cluster": "slurm"}
-
-    def traffic(self) -> list[int]:
-        return []
 
     def describe(self) -> list[str]:
         return ["slurm: one sbatch job per run; inside it the processes are placed with srun "
                 "(or mpirun / horovodrun on the job's first node)"]
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def run(self, config, python: str, run_dir: Path, kind: str, cwd: Path, timeout: float,
             on_progress=None, extra_env=None, hosts=None, wrappers=()):
