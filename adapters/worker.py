@@ -1,8 +1,9 @@
 """The one worker entry point every framework runs: `python -m adapters.worker RUN.json`.
 
 Each rank: build the trainer, load the canonical weights, warm up, time `repeats` loops of
-`iterations` steps (throughput mode: no synchronisation but one at the end of each loop), then
-`profile_iterations` steps of each profile kind (phases synchronised). Each rank writes its
+`iterations` steps (throughput mode: no synchronisation but one at the end of each loop), and
+`profile_iterations` steps of each profile kind (phases synchronised), spread over the gaps
+after the timed loops so that both see the machine in the same state. Each rank writes its
 timings to rank_dir/rank<r>.json; after a barrier rank 0 merges them into the one result
 record. The slowest rank defines a synchronous iteration, so merged times take the maximum
 over ranks. Adapters print no results themselves.
@@ -62,8 +63,10 @@ def maybe_inject_fault(config: RunConfig, rank: int, step: int) -> None:
             time.sleep(3600)
 
 
-def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress) -> dict:
-    """Warm-up, then repeats of timed loops; returns per-repeat mean seconds per iteration."""
+def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress,
+                after_repeat=lambda repeat: None) -> dict:
+    """Warm-up, then repeats of timed loops; returns per-repeat mean seconds per iteration.
+    `after_repeat(r)` runs, untimed, after timed loop r."""
     step = 0
     for _ in range(config.warmup):
         maybe_inject_fault(config, rank, step)
@@ -72,7 +75,7 @@ def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress) -> di
         progress.advance("warmup")
     trainer.sync()
     repeat_times, losses = [], []
-    for _ in range(config.repeats):
+    for repeat in range(config.repeats):
         start = time.perf_counter()
         for _ in range(config.iterations):
             maybe_inject_fault(config, rank, step)
@@ -82,23 +85,39 @@ def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress) -> di
         trainer.sync()
         repeat_times.append((time.perf_counter() - start) / config.iterations)
         losses.append(trainer.last_loss())
+        after_repeat(repeat)
     return {"repeat_times": repeat_times, "losses": losses, "steps": step}
 
 
-def profile_loops(trainer, config: RunConfig, progress: Progress, samples: list | None = None) -> dict:
-    """Median seconds per phase over profile iterations of both kinds (see Trainer).
-    `samples`, when given, receives each separated iteration's phases (for the model)."""
-    separate = [] if samples is None else samples
-    overlapped = []
-    for _ in range(config.profile_iterations):
-        separate.append(trainer.profile_step(overlapped=False))
-        progress.advance("profile")
-        overlapped.append(trainer.profile_step(overlapped=True))
-        progress.advance("profile")
-    medians = {key: statistics.median(p[key] for p in separate) for key in separate[0]}
-    medians["backward_comm"] = statistics.median(p["backward_comm"] for p in overlapped)
-    medians["iteration_overlapped"] = statistics.median(sum(p.values()) for p in overlapped)
-    return medians
+class ProfileRounds:
+    """The profile iterations of both kinds (see Trainer.profile_step), run a share at a time
+    between the timed loops: a profile taken after all timed loops saw a different machine
+    (load, clock, allocator state) than the loops it is compared with, and the model's
+    prediction inherits every such difference as error."""
+
+    def __init__(self, trainer, config: RunConfig, progress: Progress):
+        self.trainer, self.config, self.progress = trainer, config, progress
+        self.separate: list[dict] = []  # each separated iteration's phases (for the model)
+        self.overlapped: list[dict] = []
+        self.rounds: list[int] = []  # profile iterations after each timed loop
+
+    def share(self, repeat: int) -> None:
+        """After timed loop `repeat`: this loop's share of the profile iterations."""
+        total, repeats = self.config.profile_iterations, max(1, self.config.repeats)
+        count = total * (repeat + 1) // repeats - total * repeat // repeats
+        for _ in range(count):
+            self.separate.append(self.trainer.profile_step(overlapped=False))
+            self.progress.advance("profile")
+            self.overlapped.append(self.trainer.profile_step(overlapped=True))
+            self.progress.advance("profile")
+        self.rounds.append(count)
+
+    def medians(self) -> dict:
+        """Median seconds per phase over the profile iterations of both kinds."""
+        medians = {key: statistics.median(p[key] for p in self.separate) for key in self.separate[0]}
+        medians["backward_comm"] = statistics.median(p["backward_comm"] for p in self.overlapped)
+        medians["iteration_overlapped"] = statistics.median(sum(p.values()) for p in self.overlapped)
+        return medians
 
 
 def overlap_fraction(backward: float, comm: float, backward_comm: float) -> float | None:
@@ -204,8 +223,16 @@ def model_extra(spec, results: list[dict], backward: float) -> dict:
 
 
 def slowest_rank_compute(results: list[dict]) -> dict | None:
-    """{"before_comm": s, "update": s}: per separated profile iteration the maximum over ranks
-    (iteration i of every rank ends in the same collective), then the median over iterations."""
+    """{"before_comm": s, "update": s}: the compute a synchronous iteration waits for, as the
+    same statistic as the measured iteration time.
+
+    Per separated profile iteration the maximum over ranks (iteration i of every rank ends in
+    the same collective); then, per round of profile iterations (``profile_rounds``: those
+    run right after one timed loop), the mean, since a timed loop's time is a mean over its
+    iterations; then the median over rounds, as the measured time is the median over loops.
+    On this 2-core machine whole stretches of a second run 50% slow: the median over all
+    iterations sits in the fast stretches, 5-10% under the loops' median; a round next to a
+    loop shares that loop's stretch."""
     runs = [r.get("profile_samples") or [] for r in results]
     count = min(len(run) for run in runs) if runs else 0
     if count == 0:
@@ -215,7 +242,19 @@ def slowest_rank_compute(results: list[dict]) -> dict | None:
         before.append(max(sum(float(run[i].get(p, 0.0)) for p in ("io", "h2d", "forward", "backward"))
                           for run in runs))
         update.append(max(float(run[i].get("update", 0.0)) for run in runs))
-    return {"before_comm": statistics.median(before), "update": statistics.median(update), "iterations": count}
+    rounds = [n for n in results[0].get("profile_rounds") or [count] if n > 0]
+    if sum(rounds) != count:
+        rounds = [count]
+
+    def median_of_round_means(values: list[float]) -> float:
+        means, start = [], 0
+        for size in rounds:
+            means.append(statistics.fmean(values[start:start + size]))
+            start += size
+        return statistics.median(means)
+
+    return {"before_comm": median_of_round_means(before), "update": median_of_round_means(update),
+            "iterations": count, "rounds": len(rounds)}
 
 
 def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
@@ -373,13 +412,13 @@ def main(argv: list[str]) -> int:
             return 0
         total = config.warmup + config.iterations * config.repeats + 2 * config.profile_iterations
         progress = Progress(config.rank_dir, dist.rank, total)
-        timings = timed_loops(trainer, config, dist.rank, progress)
-        samples: list[dict] = []
-        profile = profile_loops(trainer, config, progress, samples)
+        profile = ProfileRounds(trainer, config, progress)
+        timings = timed_loops(trainer, config, dist.rank, progress, after_repeat=profile.share)
         rank_dir = Path(config.rank_dir)
         write_json_atomic(rank_dir / f"rank{dist.rank}.json",
-                          {**rank_result(config, trainer, timings, profile),
-                           **model_inputs(trainer, config), "profile_samples": samples})
+                          {**rank_result(config, trainer, timings, profile.medians()),
+                           **model_inputs(trainer, config), "profile_samples": profile.separate,
+                           "profile_rounds": profile.rounds})
         trainer.barrier()
         if dist.rank == 0:
             results = wait_for_rank_files(rank_dir, dist.world_size)

@@ -106,7 +106,7 @@ def compute_phases(record: dict) -> dict[str, float]:
     rank with the most compute, and per-phase maxima over ranks would add up the slow
     phases of different ranks), else the record's phases.  `profile_from_record` then
     stretches forward and backward to ``extra["sync_compute_s"]`` where the worker measured
-    it: per profile iteration the slowest rank's compute, the median over iterations (which
+    it: per profile iteration the slowest rank's compute, the mean over iterations (which
     rank is slowest changes from round to round on a busy machine, and every round waits for
     it)."""
     phases = measured_phases(record)

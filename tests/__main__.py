@@ -14,11 +14,9 @@ if __name__ == "__main__":
     reexec_in_host_env("tests", sys.argv[1:])
     import pytest
 
-    # Timing-accuracy targets (marker "bench") need a quiet machine: run them on purpose with
-    # `python -m tests -m bench`; a later -m given by the user replaces this default. Test
-    # files or node ids given by the user replace the whole folder.
+    # Test files or node ids given by the user replace the whole folder.
     arguments = sys.argv[1:]
     chosen = any(Path(arg.split("::")[0]).exists() for arg in arguments
                  if not arg.startswith("-"))
-    sys.exit(pytest.main(["-ra", "-m", "not bench", *([] if chosen else ["tests"]),
+    sys.exit(pytest.main(["-ra", *([] if chosen else ["tests"]),
                           *arguments]))

@@ -119,24 +119,30 @@ def test_slowest_rank_profile_is_used_when_kept():
 
 def test_compute_is_stretched_to_the_slowest_rank_per_iteration():
     """Profile rounds of two ranks, compute before the exchange (io+h2d+f+b) in ms:
-    rank 0: 60, 80, 60; rank 1: 80, 60, 60 -> each rank's median is 60 but the rounds wait for
-    80, 80, 60: median 80.  Forward and backward are stretched by (80 - 1) / 60."""
+    rank 0: 60, 80, 60, 70; rank 1: 80, 60, 60, 50 -> each rank's median is 60 or 65 but
+    the iterations wait for 80, 80, 60, 70.  Rounds of 1, 2 and 1 iterations (each after a
+    timed loop): round means 80, 70, 70, median 70 -- the statistic of the measured time, a
+    median over loops of the mean iteration.  Forward and backward are stretched by
+    (70 - 1) / 60."""
     from adapters.worker import slowest_rank_compute
 
     def samples(values):
         return [{"io": 0.001, "h2d": 0.0, "forward": (v - 1) / 3e3, "backward": 2 * (v - 1) / 3e3, "update": 0.002}
                 for v in values]
 
-    found = slowest_rank_compute([{"profile_samples": samples([60, 80, 60])},
-                                  {"profile_samples": samples([80, 60, 60])}])
-    assert found["before_comm"] == pytest.approx(0.080) and found["iterations"] == 3
+    found = slowest_rank_compute([{"profile_samples": samples([60, 80, 60, 70]), "profile_rounds": [1, 2, 1]},
+                                  {"profile_samples": samples([80, 60, 60, 50]), "profile_rounds": [1, 2, 1]}])
+    assert found["before_comm"] == pytest.approx(0.070) and found["iterations"] == 4 and found["rounds"] == 3
+    without_rounds = slowest_rank_compute([{"profile_samples": samples([60, 80, 60, 70])},
+                                           {"profile_samples": samples([80, 60, 60, 50])}])
+    assert without_rounds["before_comm"] == pytest.approx(0.0725)  # one round: the mean
     rec = record(scheme=WHOLE)
     rec["extra"]["sync_compute_s"] = found
     item = predict.predict_record(rec, [calibration()])
-    scale = (0.080 - 0.001) / 0.060
+    scale = (0.070 - 0.001) / 0.060
     assert item["phases"]["forward"] == pytest.approx(0.020 * scale)
     assert item["phases"]["backward"] == pytest.approx(0.040 * scale)
-    assert item["predicted_iter_time"] == pytest.approx(0.080 + 2 * ALPHA + TOTAL_BYTES * BETA + 0.002)
+    assert item["predicted_iter_time"] == pytest.approx(0.070 + 2 * ALPHA + TOTAL_BYTES * BETA + 0.002)
 
 
 def test_refresh_writes_predictions_into_the_store(tmp_path):
@@ -316,11 +322,15 @@ LIMIT = 0.15
 OVERLOADED = 2.0  # 5-min load average per CPU above which other work competes with the ranks
 
 
-@pytest.mark.bench
+@pytest.mark.slow
 def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     """Calibrate every synchronous scheme on 2 loopback ranks (torch with the calibrate CLI,
     the others by compare --calibrate, which skips what is stored), run 2-rank campaigns over
-    the tiny models, and compare each run's predicted iteration time with the measured one."""
+    the tiny models, and compare each run's predicted iteration time with the measured one.
+
+    Each run takes its profile iterations in rounds between its timed loops and the model
+    compares like with like (adapters/worker.py `slowest_rank_compute`); with the profile
+    taken after all timed loops instead, the median errors on a quiet machine were 9-23%."""
     out = tmp_path_factory.mktemp("model") / "loopback"
     frameworks = ",".join(SYNCHRONOUS_SCHEMES)
     load_before = os.getloadavg()[1]
@@ -329,8 +339,8 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     assert calibrated.returncode == 0, calibrated.stderr[-3000:]
     assert "algbw(GB/s)" in calibrated.stdout and "busbw(GB/s)" in calibrated.stdout
     result = run_cli("launchers.compare", "--frameworks", frameworks, "--model", LOOPBACK_MODELS, "--workers", "2",
-                     "--out", str(out), "--iterations", "10", "--repeats", "5", "--warmup", "3",
-                     "--profile-iterations", "5", "--calibrate", timeout=3600)
+                     "--out", str(out), "--iterations", "10", "--repeats", "7", "--warmup", "3",
+                     "--profile-iterations", "21", "--calibrate", timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"calibrating {SYNCHRONOUS_SCHEMES[0]}:" not in result.stderr  # stored: not redone
     assert all(f"calibrating {name}:" in result.stderr for name in SYNCHRONOUS_SCHEMES[1:])

@@ -11,7 +11,7 @@ MPI for its controller and all-reduce. DistInfo.from_env reads either.
 from __future__ import annotations
 
 from launchers.rendezvous import ProcessSpec
-from launchers.rendezvous.mpi import mpirun_command
+from launchers.rendezvous.mpi import MPIRUN_ENV, mpirun_command
 
 
 def horovodrun_command(config, hosts) -> list[str]:
@@ -36,9 +36,7 @@ def processes(config, hosts) -> list[ProcessSpec]:
     elif config.mode == "mpi":
         launcher = mpirun_command(config.world_size, hosts[:config.nodes],
                                   config.workers_per_node)
-        env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi",
-                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_rmaps_base_oversubscribe="1")
+        env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi", **MPIRUN_ENV)
     else:
         raise ValueError(f"no horovod launcher for mode {config.mode!r} (known: gloo, mpi)")
     spec = ProcessSpec("worker", 0, hosts[0], env, launcher=launcher)
