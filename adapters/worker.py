@@ -184,9 +184,9 @@ def model_extra(spec, results: list[dict], backward: float) -> dict:
       slowest rank's ready times, scaled to the profile's measured backward), or
       ``flop-share`` when the measured backward was split by the layers' FLOPs;
     - ``comm_scheme``: the adapter's `Trainer.comm_scheme()` (absent when it gives none);
-    - ``rank_comm_s``: each rank's separated comm phase (the record's phase is the maximum,
-      which includes the faster ranks' wait for the slowest; the minimum is closer to the
-      transfer itself);
+    - ``rank_comm_s``: each rank's separated comm phase (a faster rank's includes its wait
+      for the slowest; the record's phase is the exchange timed from the last rank's
+      arrival, `collective_time`);
     - ``rank_phases_s``: each rank's phase medians (the record's phases are per-phase maxima
       over ranks, whose sum can exceed every rank's own iteration);
     - ``sync_compute_s``: the median over separated profile iterations of the slowest rank's
@@ -223,8 +223,9 @@ def model_extra(spec, results: list[dict], backward: float) -> dict:
 
 
 def slowest_rank_compute(results: list[dict]) -> dict | None:
-    """{"before_comm": s, "update": s}: the compute a synchronous iteration waits for, as the
-    same statistic as the measured iteration time.
+    """{"before_comm": s, "update": s, "comm": s}: the compute a synchronous iteration waits
+    for and the exchange itself (`collective_time`), as the same statistic as the measured
+    iteration time; "comm_median" is the plain median over iterations, the record's comm phase.
 
     Per separated profile iteration the maximum over ranks (iteration i of every rank ends in
     the same collective); then, per round of profile iterations (``profile_rounds``: those
@@ -237,10 +238,12 @@ def slowest_rank_compute(results: list[dict]) -> dict | None:
     count = min(len(run) for run in runs) if runs else 0
     if count == 0:
         return None
-    before, update = [], []
+    before, comm, update = [], [], []
     for i in range(count):
-        before.append(max(sum(float(run[i].get(p, 0.0)) for p in ("io", "h2d", "forward", "backward"))
-                          for run in runs))
+        arrivals = [sum(float(run[i].get(p, 0.0)) for p in ("io", "h2d", "forward", "backward"))
+                    for run in runs]
+        before.append(max(arrivals))
+        comm.append(collective_time(arrivals, [float(run[i].get("comm", 0.0)) for run in runs]))
         update.append(max(float(run[i].get("update", 0.0)) for run in runs))
     rounds = [n for n in results[0].get("profile_rounds") or [count] if n > 0]
     if sum(rounds) != count:
@@ -254,7 +257,21 @@ def slowest_rank_compute(results: list[dict]) -> dict | None:
         return statistics.median(means)
 
     return {"before_comm": median_of_round_means(before), "update": median_of_round_means(update),
+            "comm": median_of_round_means(comm), "comm_median": statistics.median(comm),
             "iterations": count, "rounds": len(rounds)}
+
+
+def collective_time(arrivals: list[float], comms: list[float]) -> float:
+    """Seconds one gradient exchange took once the last rank arrived at it.
+
+    Each rank's comm phase runs from its own arrival (the end of its backward) to the end of
+    the exchange, which ends on every rank at about the same moment; a rank that finished
+    backward early spends its comm phase waiting for the others. That wait is rank skew, not
+    communication: counted as comm it inflates the phase and makes a scheme that cannot
+    overlap (CNTK's) look as if it hid skew/(skew + comm) of its communication. Ranks start
+    a profile iteration together (the previous one ended in a collective), so the exchange
+    lasted max(arrival + comm) - max(arrival)."""
+    return max(0.0, max(a + c for a, c in zip(arrivals, comms)) - max(arrivals))
 
 
 def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
@@ -323,6 +340,9 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
     repeat_times = [max(r["timings"]["repeat_times"][i] for r in results)
                     for i in range(config.repeats)]
     phases = {key: max(r["profile"][key] for r in results) for key in results[0]["profile"]}
+    slowest = slowest_rank_compute(results)
+    if slowest and len(results) > 1:
+        phases["comm"] = slowest["comm_median"]  # without the wait for the slowest rank
     median = statistics.median(repeat_times)
     first = results[0]
     info = framework_info(config.framework)

@@ -214,10 +214,14 @@ def comm_cost(record: dict, scheme: pm.Scheme, profile: pm.Profile, fits: list[C
 
 
 def _measured_comm(record: dict) -> float | None:
-    """The comm phase with the least waiting for other ranks: the per-rank minimum where the
-    worker kept it (the fastest rank's comm includes waiting for the slowest), else the
+    """The exchange without waiting for other ranks: timed from the last rank's arrival
+    (``sync_compute_s["comm"]``, the same statistic as the compute), else for older records
+    the per-rank minimum (a faster rank's comm includes its wait for the slowest), else the
     record's phase."""
     extra = record.get("extra") or {}
+    exchange = (extra.get("sync_compute_s") or {}).get("comm")
+    if exchange is not None:
+        return float(exchange)
     per_rank = extra.get("rank_comm_s")
     if isinstance(per_rank, list) and per_rank:
         return float(min(per_rank))

@@ -145,6 +145,29 @@ def test_compute_is_stretched_to_the_slowest_rank_per_iteration():
     assert item["predicted_iter_time"] == pytest.approx(0.070 + 2 * ALPHA + TOTAL_BYTES * BETA + 0.002)
 
 
+def test_comm_is_timed_from_the_last_rank_arrival_so_skew_is_not_overlap():
+    """One separated iteration of a scheme that cannot overlap (CNTK's), in ms: rank 0 ends
+    backward at 100 and waits 20 for rank 1 before their 10 ms exchange (comm phase 30);
+    rank 1 arrives at 120 (comm 10); both end at 130.  Run overlapped, the slowest rank's
+    backward+comm is again 120 + 10.  Counting rank 0's wait as comm (the old per-phase
+    maximum) gives overlap (120 + 30 - 130) / 30 = 0.67; the exchange from the last arrival
+    is 130 - 120 = 10 ms and the overlap (120 + 10 - 130) / 10 = 0."""
+    from adapters.worker import collective_time, overlap_fraction, slowest_rank_compute
+
+    assert collective_time([0.100, 0.120], [0.030, 0.010]) == pytest.approx(0.010)
+    assert overlap_fraction(0.120, 0.030, 0.130) == pytest.approx(2 / 3)
+    assert overlap_fraction(0.120, 0.010, 0.130) == pytest.approx(0.0)
+    ranks = [{"profile_samples": [{"forward": 0.030, "backward": 0.070, "comm": 0.030, "update": 0.001},
+                                  {"forward": 0.030, "backward": 0.090, "comm": 0.012, "update": 0.001}]},
+             {"profile_samples": [{"forward": 0.040, "backward": 0.080, "comm": 0.010, "update": 0.001},
+                                  {"forward": 0.040, "backward": 0.070, "comm": 0.022, "update": 0.001}]}]
+    found = slowest_rank_compute(ranks)  # exchanges 10 and 12 ms (rank 1 waits 10 in the second)
+    assert found["comm"] == pytest.approx(0.011) and found["comm_median"] == pytest.approx(0.011)
+    rec = record(scheme=WHOLE)
+    rec["extra"]["sync_compute_s"] = found
+    assert predict._measured_comm(rec) == pytest.approx(0.011)
+
+
 def test_refresh_writes_predictions_into_the_store(tmp_path):
     with ResultStore.for_campaign(tmp_path) as store:
         store.add(record(world_size=1, scheme=WHOLE, t_iter=0.063))
