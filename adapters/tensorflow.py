@@ -645,14 +645,19 @@ class StrategyTrainer(TensorFlowTrainer):
             logits, _ = model(images, local_params, local_buffers, training=True)
             return model.loss(logits, labels)
 
-        self._forward_local = tf.function(forward_local, jit_compile=self.xla)
-
         def forward_probe(images, labels):  # forward only, statistics left alone
             logits, _ = model(images, local_params, local_buffers, training=True,
                               update_stats=False)
             return model.loss(logits, labels)
 
         self._forward_probe = tf.function(forward_probe, jit_compile=self.xla)
+
+        def local_grads(images, labels):  # forward and backward in one graph, as in the step
+            with tf.GradientTape() as tape:
+                loss = forward_local(images, labels)
+            return loss, tape.gradient(loss, [local_params[n] for n in names])
+
+        self._local_grads = tf.function(local_grads, jit_compile=self.xla)
 
         def allreduce(grads):
             def replica(grads):
@@ -751,10 +756,13 @@ class StrategyTrainer(TensorFlowTrainer):
     def _profile(self, overlapped: bool):
         """Phases, the device synchronised between them.
 
-        Separated kind: forward is a compiled function called under an eager GradientTape, so
-        TF runs its forward graph (keeping what backward needs) and, on `tape.gradient`, its
-        backward graph: two timed graphs with nothing recomputed. Then the all-reduce of the
-        local gradients as its own compiled function (comm), then the momentum update.
+        Separated kind: forward from a forward-only run of the batch, then forward and backward
+        as one compiled graph, as the fused step has them (backward = that graph - forward).
+        Timed as two graphs instead (a forward graph under an eager tape keeping what backward
+        needs, then the backward graph), alexnet-tiny's backward took 38 ms on 2 CPU cores,
+        more than the whole fused step with its all-reduce, and the timed loops between such
+        profile rounds ran at 44 ms per step instead of 19. Then the all-reduce of the local
+        gradients as its own compiled function (comm), then the momentum update.
         Overlapped kind: TF's own fused step (one graph: forward, backward, all-reduce,
         update); backward_comm = fused step - forward - update, with forward from a forward-only
         run of the same batch just before and update from the latest separated iteration
@@ -777,11 +785,11 @@ class StrategyTrainer(TensorFlowTrainer):
                                               - timer.laps["forward"] - update)
             timer.laps["update"] = update
             return timer.laps
-        with tf.GradientTape() as tape:
-            loss = self._forward_local(images, labels)
+        self._forward_probe(images, labels)
         timer.lap("forward")
-        grads = tape.gradient(loss, [self._local_params[n] for n in self.names])
+        loss, grads = self._local_grads(images, labels)
         timer.lap("backward")
+        timer.laps["backward"] = max(0.0, timer.laps["backward"] - timer.laps["forward"])
         if self._allreduce is not None:
             grads = self._allreduce(grads)
             grads = [self.strategy.experimental_local_results(g)[0] for g in grads]
@@ -850,11 +858,48 @@ class StrategyTrainer(TensorFlowTrainer):
         if self.strategy is not None:
             facts.update(strategy=type(self.strategy).__name__,
                          bytes_per_pack=self.comm_options.bytes_per_pack,
-                         profile_note="separated: forward and backward are the forward and "
-                                      "backward graphs of one tape, all-reduce and update their "
-                                      "own functions; overlapped: TF's fused step minus a "
-                                      "forward-only run and the separated update time")
+                         profile_note="separated: forward from a forward-only run, backward "
+                                      "= one forward+backward graph minus it, all-reduce and "
+                                      "update their own functions; overlapped: TF's fused step "
+                                      "minus a forward-only run and the separated update time")
         return facts
+
+    # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
+    def comm_scheme(self):
+        """The whole gradient in one all-reduce after backward: TF packs the list of gradients
+        into one tensor (bytes_per_pack 0), which needs every gradient first, so nothing is sent
+        during backward. CollectiveAllReduce runs a ring over gRPC between workers (NCCL among
+        the GPUs when it can)."""
+        if self.strategy is None or self.replicas == 1:
+            return None
+        return {"label": f"{type(self.strategy).__name__} all-reduce", "overlap": False,
+                "granularity": "whole", "profile_granularity": "whole", "algorithm": "ring",
+                "transport": "nccl" if self.gpus else "grpc"}
+
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
+        """The strategy's all-reduce (the profile's own compiled function) of one float32
+        tensor per size; each sample starts after a barrier and is the mean of `iters`
+        back-to-back calls. Each new size traces the function once (in the warm-up)."""
+        import time
+
+        if self._allreduce is None or self.local_replicas > 1:
+            raise NotImplementedError(f"tf:{self.config.mode} with {self.replicas} replica(s) in "
+                                      f"{self.local_replicas} per process: calibrate 2+ workers "
+                                      "of one replica each")
+        times = {}
+        for nbytes in sizes:
+            tensor = tf.zeros([max(1, int(nbytes) // 4)], tf.float32)
+            measured = []
+            for attempt in range(warmup + repeats):
+                self.barrier()
+                start = time.perf_counter()
+                for _ in range(max(1, int(iters))):
+                    self._allreduce([tensor])
+                self.sync()
+                if attempt >= warmup:
+                    measured.append((time.perf_counter() - start) / max(1, int(iters)))
+            times[int(nbytes)] = measured
+        return times
 
 
 TRAINER = TensorFlowTrainer

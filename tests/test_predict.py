@@ -16,6 +16,7 @@ from analysis import predict, report, tables
 from analysis.calibration import CalibrationFit
 from analysis.store import ResultStore
 from models import get_model
+from launchers.envs import EnvUnavailable, ensure_environment
 from tests.conftest import run_cli
 from tests.test_analysis_data import make_campaign, make_record
 
@@ -339,7 +340,26 @@ def test_parse_latency(text, value):
 
 # --------------------------------------------------------------------------- the real thing
 
-SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style"]  # add tf:collective, mxnet:dist_sync ... here
+# Measured on this machine kind (median |error| over the three tiny models, 2 ranks): DDP 5-6%,
+# CNTK-style 8%, Caffe-MPI-style 8%, Horovod over MPI 4%, real CNTK 6.5%. Not held to 15% here:
+# tf:collective (14%: too near the limit to hold on a noisy 2-core VM), horovod:gloo (22%) and
+# mxnet:dist_sync (28%): see README "What the model does not capture".
+SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi"]
+
+
+def schemes_to_hold() -> list[str]:
+    """SYNCHRONOUS_SCHEMES, plus real CNTK where this machine can run it (a Python 3.6)."""
+    try:
+        ensure_environment("cntk", log=print)
+    except EnvUnavailable as error:
+        print(f"real CNTK not held to the target: {error}")
+        return list(SYNCHRONOUS_SCHEMES)
+    return SYNCHRONOUS_SCHEMES + ["cntk"]
+
+
+def calibration_line(name: str) -> str:
+    """How compare announces a calibration: 'calibrating FRAMEWORK:MODE on ...'."""
+    return f"calibrating {name}{' ' if ':' in name else ':'}"
 LOOPBACK_MODELS = "alexnet-tiny,googlenet-tiny,resnet50-tiny"
 LIMIT = 0.15
 OVERLOADED = 2.0  # 5-min load average per CPU above which other work competes with the ranks
@@ -355,9 +375,10 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     compares like with like (adapters/worker.py `slowest_rank_compute`); with the profile
     taken after all timed loops instead, the median errors on a quiet machine were 9-23%."""
     out = tmp_path_factory.mktemp("model") / "loopback"
-    frameworks = ",".join(SYNCHRONOUS_SCHEMES)
+    schemes = schemes_to_hold()
+    frameworks = ",".join(schemes)
     load_before = os.getloadavg()[1]
-    calibrated = run_cli("launchers.calibrate", "--frameworks", SYNCHRONOUS_SCHEMES[0], "--workers", "2",
+    calibrated = run_cli("launchers.calibrate", "--frameworks", schemes[0], "--workers", "2",
                          "--out", str(out), "--repeats", "8", timeout=1800)
     assert calibrated.returncode == 0, calibrated.stderr[-3000:]
     assert "algbw(GB/s)" in calibrated.stdout and "busbw(GB/s)" in calibrated.stdout
@@ -365,8 +386,8 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
                      "--out", str(out), "--iterations", "10", "--repeats", "7", "--warmup", "3",
                      "--profile-iterations", "21", "--calibrate", timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"calibrating {SYNCHRONOUS_SCHEMES[0]}:" not in result.stderr  # stored: not redone
-    assert all(f"calibrating {name}:" in result.stderr for name in SYNCHRONOUS_SCHEMES[1:])
+    assert calibration_line(schemes[0]) not in result.stderr  # stored: not redone
+    assert all(calibration_line(name) in result.stderr for name in schemes[1:]), result.stderr[-3000:]
     with ResultStore.for_campaign(out, create=False) as store:
         frame = store.runs_frame()
         calibrations = store.calibration_frame()
@@ -378,10 +399,9 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     summary = tables.prediction_summary(frame)
     print(tables.to_markdown(summary))
     assert set(table["basis"]) == {"calibrated"}
-    assert len(summary) == len(SYNCHRONOUS_SCHEMES)
-    medians = {row["framework_label"]: statistics.median(
-        table[table["framework_label"] == row["framework_label"]]["error_pct"].abs() / 100)
-        for _, row in summary.iterrows()}
+    assert len(summary) == len(schemes)
+    medians = {f"{label} ({mode})": statistics.median(rows["error_pct"].abs() / 100)
+               for (label, mode), rows in table.groupby(["framework_label", "mode"])}
     failures = [f"{label}: median |error| {error:.1%}" for label, error in medians.items() if error > LIMIT]
     load = max(load_before, os.getloadavg()[1])
     if failures and load > OVERLOADED * (os.cpu_count() or 1):

@@ -79,11 +79,15 @@ def test_overlap_of_communication_with_backward_is_measured(tmp_path, scheme_pyt
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and tc need root")
 def test_caffe_mpi_style_hides_its_allreduces_behind_backward_on_a_network_link(tmp_path):
-    """GoogleNet at batch 16 on 2 emulated nodes joined by a 1 Gbit/s link (MPI over TCP, as
+    """GoogleNet at batch 16 on 2 emulated nodes joined by a 250 Mbit/s link (MPI over TCP, as
     Caffe-MPI ran between the study's nodes): the layer-wise all-reduces of the inception
     layers' gradients go on the wire while backward works through conv1-conv2, the longest
     part of GoogleNet's backward; the measured overlap must be clearly above zero in one of
     at most three measurements (each printed).
+
+    The link is slow so that communication (1.2 s) stands out of backward's run-to-run noise
+    (2.3-2.7 s): at 1 Gbit/s its 0.27 s was within that noise and two of three measurements
+    read 0.00 (one 0.93); at 250 Mbit/s two runs read 0.77 and 0.91.
 
     Why not on loopback like the others: between 2 ranks of one 2-core machine MPI moves the
     bytes through shared memory, so the all-reduce is CPU copying and summing, work for the
@@ -99,13 +103,13 @@ def test_caffe_mpi_style_hides_its_allreduces_behind_backward_on_a_network_link(
         out = tmp_path / f"link{attempt}"
         result = run_cli("launchers.compare", "--frameworks", "caffe-mpi-style", "--model", "googlenet",
                          "--batch-size", "16", "--nodes", "2", "--workers", "1", "--cluster", "emulated",
-                         "--bandwidth", "1Gbit", "--iterations", "1", "--repeats", "1", "--warmup", "1",
+                         "--bandwidth", "250Mbit", "--iterations", "1", "--repeats", "1", "--warmup", "1",
                          "--profile-iterations", "5", "--no-dropout", "--out", str(out), timeout=1200)
         assert result.returncode == 0, result.stderr[-3000:]
         with ResultStore.for_campaign(out, create=False) as store:
             run = store.runs_frame().iloc[0]
         assert run["status"] == "ok", run["error"]
-        print(f"caffe-mpi-style googlenet b16, 2 nodes, 1 Gbit/s ({out.name}): backward "
+        print(f"caffe-mpi-style googlenet b16, 2 nodes, 250 Mbit/s ({out.name}): backward "
               f"{run['phase_backward_s']:.3f} s, communication after backward {run['phase_comm_s']:.3f} s, "
               f"backward with its overlapped communication {run['extra_profile_backward_comm']:.3f} s "
               f"-> overlap {run['overlap']:.2f}")
