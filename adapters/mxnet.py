@@ -661,36 +661,50 @@ class MXNetTrainer(Trainer):
                 "profile_granularity": "tensor", "transport": "ps-lite"}
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """Push then pull of one float32 key per size through the dist kvstore (the servers
-        sum every worker's push); each sample starts after a kvstore barrier and is the mean
-        of `iters` back-to-back push + pull pairs. Each size gets its own key, initialised
-        once (a dist kvstore cannot initialise a key twice), far from gluon.Trainer's keys."""
+        """Push then pull through the dist kvstore (the servers sum every worker's push) of
+        `iters` float32 keys per size, all issued back to back and then waited for; each sample
+        starts after a kvstore barrier and is the time per key.
+
+        One key per message, as backward sends them: the engine keeps the keys in flight at
+        once, as it does a backward's gradients. Pushing and pulling one key `iters` times
+        instead serialises every round trip (the pull waits for the push, the next push for the
+        pull): 0.94 ms per small key on loopback against 0.22 ms in flight together.
+
+        The kvstore is set up as training sets it first, so with the update on the servers
+        (MXNet's default) every calibration key also goes through the servers' Python updater
+        as a gradient does: about 0.3 ms per key, which a calibration without it missed (the
+        model under-predicted googlenet-tiny's exchange 27 ms against 59 ms measured). Keys
+        are initialised once (a dist kvstore cannot initialise a key twice), far from
+        gluon.Trainer's keys."""
         import time
 
         if not self.distributed:
             raise NotImplementedError(f"mxnet:{self.config.mode} reduces inside one process; "
                                       "calibrate dist_sync or dist_device_sync")
+        self._update_on_kvstore()  # the optimizer on the servers, as in an iteration
         if not hasattr(self, "_calibration_keys"):
             self._calibration_keys = {}
+        count = max(1, int(iters))
         times = {}
         for nbytes in sizes:
             nbytes = int(nbytes)
-            if nbytes not in self._calibration_keys:
-                key = 1_000_000 + len(self._calibration_keys)
+            keys = self._calibration_keys.setdefault(nbytes, [])
+            while len(keys) < count:
+                key = 1_000_000 + sum(len(k) for k in self._calibration_keys.values())
                 buffer = mx.nd.zeros(max(1, nbytes // 4), ctx=self.contexts[0])
                 self.kv.init(key, buffer)
-                self._calibration_keys[nbytes] = (key, buffer)
-            key, buffer = self._calibration_keys[nbytes]
+                keys.append((key, buffer))
             measured = []
             for attempt in range(warmup + repeats):
                 self.kv._barrier()
                 start = time.perf_counter()
-                for _ in range(max(1, int(iters))):
+                for key, buffer in keys[:count]:
                     self.kv.push(key, buffer)
                     self.kv.pull(key, out=buffer)
-                buffer.wait_to_read()
+                for _, buffer in keys[:count]:
+                    buffer.wait_to_read()
                 if attempt >= warmup:
-                    measured.append((time.perf_counter() - start) / max(1, int(iters)))
+                    measured.append((time.perf_counter() - start) / count)
             times[nbytes] = measured
         return times
 

@@ -196,7 +196,8 @@ def comm_cost(record: dict, scheme: pm.Scheme, profile: pm.Profile, fits: list[C
     servers = max(1, scheme.servers)
     if p == 1 and scheme.algorithm != "ps":
         return (lambda n: 0.0), BASIS_SINGLE, None
-    found = lookup(fits, framework=record.get("framework"), transport=_transport(record), world_size=p,
+    found = lookup(fits, framework=record.get("framework"), mode=record.get("mode"),
+                   transport=_transport(record), world_size=p,
                    nodes=int(record.get("nodes") or 1), device_kind=record.get("device_kind"),
                    bandwidth=record.get("bandwidth"), latency=record.get("latency"))
     if found is not None:
@@ -446,8 +447,9 @@ def candidates(records: list[dict], fits: list[CalibrationFit], model: str, batc
         scheme, assumed = scheme_of(_with_scheme_from_campaign(record, records))
         if servers is not None and scheme.algorithm == "ps":
             scheme = pm.Scheme.from_dict({**scheme.as_dict(), "servers": servers})
-        found = lookup(fits, framework=record.get("framework"), transport=_transport(record), world_size=2,
-                       nodes=1, device_kind=record.get("device_kind"))
+        found = lookup(fits, framework=record.get("framework"), mode=record.get("mode"),
+                       transport=_transport(record), world_size=2, nodes=1,
+                       device_kind=record.get("device_kind"))
         name = f"{label}" + (f" ({mode})" if mode and str(mode).lower() not in str(label).lower() else "")
         if assumed:
             name += " [assumed scheme]"

@@ -25,7 +25,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
+if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pandas is in the host env
+    from launchers.envs import reexec_in_host_env
+
+    reexec_in_host_env("analysis.report", sys.argv[1:])
+
+import pandas as pd  # noqa: E402
 
 from analysis import figures, tables
 from analysis.predict import refresh_predictions

@@ -10,7 +10,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
+if __name__ == "__main__":  # `python3 -m analysis.summary` from any Python: pandas is in the host env
+    from launchers.envs import reexec_in_host_env
+
+    reexec_in_host_env("analysis.summary", sys.argv[1:])
+
+import pandas as pd  # noqa: E402
 from rich import box
 from rich.console import Console
 from rich.markup import escape

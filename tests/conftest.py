@@ -148,3 +148,30 @@ def overlap_run(out: Path, python: str, framework: str, mode: str | None = None,
           f"{record['extra']['profile_backward_comm']:.3f} s -> overlap {record['overlap']:.2f}"
           f"; iteration {record['iter_time_median']:.3f} s")
     return record
+
+
+def calibration_run(out: Path, python: str, framework: str, mode: str,
+                    sizes: tuple[int, ...] = (4096, 4 * 2 ** 20), repeats: int = 3,
+                    servers: int = 0) -> dict[int, list[float]]:
+    """A real 2-rank calibration through the framework's own communication stack, as
+    `launchers.calibrate` starts it (small sizes as up to 20 back-to-back messages, 1 MiB per
+    sample); returns seconds per message for each size and prints the fastest of each."""
+    import json
+
+    from adapters.base import RunConfig
+    from adapters.registry import framework_info
+    from launchers.local import run_local
+
+    info = framework_info(framework)
+    config = RunConfig(run_id="calibrate", framework=framework, mode=mode, model="alexnet-tiny",
+                       batch_per_worker=2, workers_per_node=2, servers=servers, rank_dir=str(out),
+                       record_path=str(out / "calibration.json"),
+                       calibrate={"sizes": list(sizes), "repeats": repeats})
+    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=300)
+    assert outcome.status == "ok", outcome.error
+    result = json.loads((out / "calibration.json").read_text())
+    times = {n: result["collective"][str(n)] for n in sizes}
+    print(f"{framework}:{mode}, 2 ranks: " + ", ".join(
+        f"{n} B {min(t) * 1e3:.3f} ms" for n, t in times.items()))
+    assert all(len(t) == repeats for t in times.values())
+    return times

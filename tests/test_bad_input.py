@@ -91,3 +91,24 @@ def test_environment_that_cannot_be_built(tmp_path):
                           "DLCOMPARE_HOME": str(tmp_path / "home")}, timeout=600)
     assert_one_line_error(result, "could not be built")
     assert stored_ids(out) == ["kept"]
+
+
+@pytest.mark.parametrize("module", ["analysis.report", "analysis.summary", "analysis.predict"])
+def test_analysis_commands_run_from_any_python(tmp_path, module):
+    """The README's `python3 -m analysis.report DIR` from a Python without pandas (a user's,
+    CI's): the command moves itself into the host environment first, so a missing campaign
+    is the one-line error, not a ModuleNotFoundError."""
+    import os
+    import subprocess
+    import sys
+
+    python = shutil.which("python3") or sys.executable
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DLCOMPARE_NO_BOOTSTRAP", "DLCOMPARE_HOST_ENV", "PYTHONPATH", "VIRTUAL_ENV")}
+    args = ["--from", str(tmp_path / "none"), "--model", "alexnet"] if module == "analysis.predict" \
+        else [str(tmp_path / "none")]
+    result = subprocess.run([python, "-m", module, *args], cwd=Path(__file__).resolve().parents[1],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "ModuleNotFoundError" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr

@@ -91,8 +91,8 @@ def test_default_sizes_follow_nccl_tests_steps():
     assert cal.default_sizes(1024, 4096, 4) == [1024, 4096]
 
 
-def fit_row(framework, transport, world, nodes=1, device="cpu", alpha=1e-5):
-    return cal.CalibrationFit(framework, "m", transport, "allreduce", "ring", device, nodes, world // nodes,
+def fit_row(framework, transport, world, nodes=1, device="cpu", alpha=1e-5, mode="m"):
+    return cal.CalibrationFit(framework, mode, transport, "allreduce", "ring", device, nodes, world // nodes,
                               world, 0, 2 * alpha, 1e-9, 0.01, alpha, 1e-9, 0.0, 17, 10)
 
 
@@ -106,6 +106,20 @@ def test_lookup_prefers_same_framework_and_topology():
     found, how = cal.lookup(fits, framework="torch", transport=None, world_size=8, nodes=1, device_kind="cpu")
     assert (found.world_size, how) == (4, "calibrated (other world size)")
     assert cal.lookup(fits, framework="tf", transport="grpc", world_size=2, nodes=1, device_kind="cpu") is None
+
+
+def test_lookup_does_not_price_one_mode_with_another_modes_calibration():
+    """tf:collective's ring over gRPC says nothing about tf:ps's push/pull; two modes over the
+    same transport still share it, labelled as such."""
+    fits = [fit_row("tf", "grpc", 2, mode="collective")]
+    assert cal.lookup(fits, framework="tf", mode="ps", transport=None, world_size=2, nodes=1,
+                      device_kind="cpu") is None
+    found, how = cal.lookup(fits, framework="tf", mode="collective", transport="grpc", world_size=2, nodes=1,
+                            device_kind="cpu")
+    assert how == "calibrated"
+    found, how = cal.lookup(fits, framework="tf", mode="mirrored", transport="grpc", world_size=4, nodes=1,
+                            device_kind="cpu")
+    assert how == "calibrated (same transport, other world size)"
 
 
 def test_store_keeps_calibrations_and_replaces_the_same_key(tmp_path):

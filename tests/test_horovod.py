@@ -5,7 +5,6 @@ above zero. Fast tests cover the launch commands, the options and the environmen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +13,8 @@ import pytest
 from adapters.base import DistInfo, RunConfig
 from adapters.registry import parse_framework_mode
 from launchers.envs import REPO_ROOT
-from launchers.local import run_local
 from launchers.rendezvous import processes_for
-from tests.conftest import assert_ranks_equal_one_process, load, overlap_run
+from tests.conftest import assert_ranks_equal_one_process, calibration_run, load, overlap_run
 from tests.conftest import check_run as run_check
 
 
@@ -202,15 +200,6 @@ def test_measured_overlap_of_fused_allreduce_with_backward(tmp_path, horovod_pyt
 
 @pytest.mark.slow
 def test_calibration_times_horovods_own_allreduce(tmp_path, horovod_python):
-    out = tmp_path / "calibrate"
-    config = RunConfig(run_id="calibrate", framework="horovod", mode="gloo", model="alexnet-tiny",
-                       batch_per_worker=2, workers_per_node=2, rank_dir=str(out),
-                       record_path=str(out / "calibration.json"),
-                       calibrate={"sizes": [4096, 4 * 2 ** 20], "repeats": 3})
-    outcome = run_local(config, horovod_python, out, "horovod", REPO_ROOT, timeout=300)
-    assert outcome.status == "ok", outcome.error
-    result = json.loads((out / "calibration.json").read_text())
-    small, large = (result["collective"][str(n)] for n in (4096, 4 * 2 ** 20))
-    print(f"horovod:gloo all-reduce, 2 ranks: 4 KiB {min(small) * 1e3:.2f} ms, "
-          f"4 MiB {min(large) * 1e3:.2f} ms")
-    assert len(small) == len(large) == 3 and min(large) > min(small) > 0
+    times = calibration_run(tmp_path / "calibrate", horovod_python, "horovod", "gloo")
+    small, large = times[4096], times[4 * 2 ** 20]
+    assert min(large) > min(small) > 0

@@ -340,10 +340,11 @@ def test_parse_latency(text, value):
 
 # --------------------------------------------------------------------------- the real thing
 
-# Measured on this machine kind (median |error| over the three tiny models, 2 ranks): DDP 5-6%,
-# CNTK-style 8%, Caffe-MPI-style 8%, Horovod over MPI 4%, real CNTK 6.5%. Not held to 15% here:
-# tf:collective (14%: too near the limit to hold on a noisy 2-core VM), horovod:gloo (22%) and
-# mxnet:dist_sync (28%): see README "What the model does not capture".
+# Measured on this machine kind (median |error| over the three tiny models, 2 ranks, 2-3
+# campaigns): DDP 5-10%, CNTK-style 6.5-11%, Caffe-MPI-style 8-14%, Horovod over MPI 4-10%, real
+# CNTK 5.5-6.5%. Not held to 15% here: tf:collective (10-14%: too near the limit to hold on a
+# noisy 2-core VM), horovod:gloo (18-22%) and mxnet:dist_sync (20%): README "What the model
+# does not capture".
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi"]
 
 

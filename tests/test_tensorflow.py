@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launchers.envs import REPO_ROOT
-from tests.conftest import assert_ranks_equal_one_process, check_run, run_cli, worker_processes
+from tests.conftest import assert_ranks_equal_one_process, calibration_run, check_run, run_cli, worker_processes
 
 MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
@@ -212,3 +212,11 @@ def test_a_parameter_server_dying_mid_run_fails_the_run_and_leaves_nothing(tmp_p
     assert time.monotonic() - killed_at < 60  # noticed at once, not at the run's timeout
     assert time.monotonic() - started < 240 + 300
     assert worker_processes(str(out)) == []
+
+
+@pytest.mark.slow
+def test_calibration_times_the_strategys_own_allreduce(tmp_path, tf_python):
+    """`launchers.calibrate --frameworks tf:collective` goes through MultiWorkerMirrored's
+    all-reduce over gRPC, the collective the fused step runs (see comm_scheme)."""
+    times = calibration_run(tmp_path / "calibrate", tf_python, "tf", "collective")
+    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
