@@ -220,6 +220,24 @@ class Trainer(abc.ABC):
         calibration launcher says so); an implementation without `iters` times single calls."""
         raise NotImplementedError(f"{type(self).__name__} has no collective micro-benchmark")
 
+    def time_collective(self, call, repeats: int, warmup: int, iters: int) -> list[float]:
+        """`collective_times`' samples of one message: `warmup` untimed calls (connections,
+        tracing), then per sample a barrier and the mean seconds of `iters` back-to-back
+        calls, the device synchronised before and after them."""
+        iters = max(1, int(iters))
+        for _ in range(warmup):
+            call()
+        measured = []
+        for _ in range(repeats):
+            self.barrier()
+            self.sync()
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            self.sync()
+            measured.append((time.perf_counter() - start) / iters)
+        return measured
+
 
 class PhaseTimer:
     """Successive laps of wall time, the device synchronised before each reading."""

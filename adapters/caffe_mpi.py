@@ -196,25 +196,13 @@ class CaffeMpiStyleTrainer(TorchTrainer):
         """`allreduce_average` of a float32 gradient-like tensor per size, the very call the
         communication thread makes per gradient (host buffer, MPI Allreduce SUM in place,
         divide); each sample: a barrier, then the mean of `iters` back-to-back calls."""
-        import time
-
         if self.comm.Get_size() < 2:
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
         times = {}
         for nbytes in sizes:
             tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
-            for _ in range(warmup):
-                allreduce_average(tensor, self.comm, self.dist.world_size)
-            measured = []
-            for _ in range(repeats):
-                self.comm.Barrier()
-                self.sync()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    allreduce_average(tensor, self.comm, self.dist.world_size)
-                self.sync()
-                measured.append((time.perf_counter() - start) / iters)
-            times[int(nbytes)] = measured
+            times[int(nbytes)] = self.time_collective(
+                lambda: allreduce_average(tensor, self.comm, self.dist.world_size), repeats, warmup, iters)
         return times
 
 

@@ -239,8 +239,6 @@ class HorovodTrainer(TorchTrainer):
         submits one (through the background thread, its cycle and fusion buffer); each sample:
         a barrier, then the mean of `iters` back-to-back calls, each waited for (submitted
         together they would be fused into one)."""
-        import time
-
         if hvd.size() < 2:
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or "
                                       "more workers")
@@ -248,18 +246,8 @@ class HorovodTrainer(TorchTrainer):
         for nbytes in sizes:
             tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
             name = f"dlcompare.calibrate.{int(nbytes)}"
-            for _ in range(warmup):
-                hvd.allreduce_(tensor, op=hvd.Sum, name=name)
-            measured = []
-            for _ in range(repeats):
-                hvd.barrier()
-                self.sync()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    hvd.allreduce_(tensor, op=hvd.Sum, name=name)
-                self.sync()
-                measured.append((time.perf_counter() - start) / iters)
-            times[int(nbytes)] = measured
+            times[int(nbytes)] = self.time_collective(
+                lambda: hvd.allreduce_(tensor, op=hvd.Sum, name=name), repeats, warmup, iters)
         return times
 
     def barrier(self):

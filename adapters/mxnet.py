@@ -676,8 +676,6 @@ class MXNetTrainer(Trainer):
         model under-predicted googlenet-tiny's exchange 27 ms against 59 ms measured). Keys
         are initialised once (a dist kvstore cannot initialise a key twice), far from
         gluon.Trainer's keys."""
-        import time
-
         if not self.distributed:
             raise NotImplementedError(f"mxnet:{self.config.mode} reduces inside one process; "
                                       "calibrate dist_sync or dist_device_sync")
@@ -694,18 +692,16 @@ class MXNetTrainer(Trainer):
                 buffer = mx.nd.zeros(max(1, nbytes // 4), ctx=self.contexts[0])
                 self.kv.init(key, buffer)
                 keys.append((key, buffer))
-            measured = []
-            for attempt in range(warmup + repeats):
-                self.kv._barrier()
-                start = time.perf_counter()
-                for key, buffer in keys[:count]:
+            in_flight = keys[:count]
+
+            def push_pull_all(in_flight=in_flight):
+                for key, buffer in in_flight:
                     self.kv.push(key, buffer)
                     self.kv.pull(key, out=buffer)
-                for _, buffer in keys[:count]:
+                for _, buffer in in_flight:
                     buffer.wait_to_read()
-                if attempt >= warmup:
-                    measured.append((time.perf_counter() - start) / count)
-            times[nbytes] = measured
+
+            times[nbytes] = [t / count for t in self.time_collective(push_pull_all, repeats, warmup, 1)]
         return times
 
     # -- facts --------------------------------------------------------------------------------

@@ -380,25 +380,13 @@ class TorchTrainer(Trainer):
         buffer, dist.all_reduce SUM, average, copy back: what the whole-gradient all-reduce and,
         in C++, DDP's buckets do per message); each sample: a barrier, then the mean of
         `iters` back-to-back calls."""
-        import time
-
         if not dist.is_initialized():
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
         times = {}
         for nbytes in sizes:
             tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
-            for _ in range(warmup):
-                allreduce_flat([tensor], self.dist.world_size)
-            measured = []
-            for _ in range(repeats):
-                dist.barrier()
-                self.sync()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    allreduce_flat([tensor], self.dist.world_size)
-                self.sync()
-                measured.append((time.perf_counter() - start) / iters)
-            times[int(nbytes)] = measured
+            times[int(nbytes)] = self.time_collective(
+                lambda: allreduce_flat([tensor], self.dist.world_size), repeats, warmup, iters)
         return times
 
 

@@ -880,8 +880,6 @@ class StrategyTrainer(TensorFlowTrainer):
         """The strategy's all-reduce (the profile's own compiled function) of one float32
         tensor per size; each sample starts after a barrier and is the mean of `iters`
         back-to-back calls. Each new size traces the function once (in the warm-up)."""
-        import time
-
         if self._allreduce is None or self.local_replicas > 1:
             raise NotImplementedError(f"tf:{self.config.mode} with {self.replicas} replica(s) in "
                                       f"{self.local_replicas} per process: calibrate 2+ workers "
@@ -889,16 +887,8 @@ class StrategyTrainer(TensorFlowTrainer):
         times = {}
         for nbytes in sizes:
             tensor = tf.zeros([max(1, int(nbytes) // 4)], tf.float32)
-            measured = []
-            for attempt in range(warmup + repeats):
-                self.barrier()
-                start = time.perf_counter()
-                for _ in range(max(1, int(iters))):
-                    self._allreduce([tensor])
-                self.sync()
-                if attempt >= warmup:
-                    measured.append((time.perf_counter() - start) / max(1, int(iters)))
-            times[int(nbytes)] = measured
+            times[int(nbytes)] = self.time_collective(
+                lambda: self._allreduce([tensor]), repeats, warmup, iters)
         return times
 
 

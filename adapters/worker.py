@@ -174,8 +174,9 @@ def model_inputs(trainer, config: RunConfig) -> dict:
     return {"layer_ready": layer_profile(trainer, config), "comm_scheme": trainer.comm_scheme()}
 
 
-def model_extra(spec, results: list[dict], backward: float) -> dict:
-    """The record's extra keys for the performance model (analysis/perfmodel.py):
+def model_extra(spec, results: list[dict], backward: float, slowest: dict | None) -> dict:
+    """The record's extra keys for the performance model (analysis/perfmodel.py), `slowest`
+    being `slowest_rank_compute(results)`:
 
     - ``layer_backward_s``: [[layer, seconds]] in backward order, one entry per layer with
       parameters: the time from the previous such layer's gradient being final to this one's
@@ -198,7 +199,6 @@ def model_extra(spec, results: list[dict], backward: float) -> dict:
 
     extra = {"rank_comm_s": [r["profile"].get("comm") for r in results],
              "rank_phases_s": [{p: r["profile"].get(p) for p in PHASES} for r in results]}
-    slowest = slowest_rank_compute(results)
     if slowest:
         extra["sync_compute_s"] = slowest
     scheme = results[0].get("comm_scheme")
@@ -376,7 +376,7 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
                        "profile_backward_comm": phases["backward_comm"],
                        "per_rank_median": [statistics.median(r["timings"]["repeat_times"])
                                            for r in results]}
-    record["extra"].update(model_extra(spec, results, phases["backward"]))
+    record["extra"].update(model_extra(spec, results, phases["backward"], slowest))
     return record
 
 

@@ -15,8 +15,8 @@ from analysis import perfmodel as pm
 from analysis import predict, report, tables
 from analysis.calibration import CalibrationFit
 from analysis.store import ResultStore
-from models import get_model
 from launchers.envs import EnvUnavailable, ensure_environment
+from models import get_model
 from tests.conftest import run_cli
 from tests.test_analysis_data import make_campaign, make_record
 
@@ -361,6 +361,8 @@ def schemes_to_hold() -> list[str]:
 def calibration_line(name: str) -> str:
     """How compare announces a calibration: 'calibrating FRAMEWORK:MODE on ...'."""
     return f"calibrating {name}{' ' if ':' in name else ':'}"
+
+
 LOOPBACK_MODELS = "alexnet-tiny,googlenet-tiny,resnet50-tiny"
 LIMIT = 0.15
 OVERLOADED = 2.0  # 5-min load average per CPU above which other work competes with the ranks
