@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -124,6 +125,10 @@ class Trainer(abc.ABC):
     from the same numbers and be compared to every other.
     """
 
+    # Calibration: at most this many back-to-back calls per sample of a small message
+    # (`collective_times`' iters; nccl-tests' -n).
+    MAX_CALIBRATION_ITERS = 20
+
     def __init__(self, spec, config: RunConfig, dist: DistInfo):
         self.spec = spec
         self.config = config
@@ -218,7 +223,39 @@ class Trainer(abc.ABC):
         the mean time of `iters` back-to-back calls (nccl-tests' -n: consecutive messages, as
         backward sends them).  Frameworks that lack it raise NotImplementedError (the
         calibration launcher says so); an implementation without `iters` times single calls."""
+        return {int(n): self.time_collective(self.collective_call(int(n)), repeats, warmup, iters)
+                for n in sizes}
+
+    def collective_call(self, nbytes: int) -> Callable[[], None]:
+        """A blocking call that runs the scheme's collective once on an `nbytes` float32
+        message, the way an iteration sends a gradient.  The default `collective_times` times
+        it.  Frameworks that lack it raise NotImplementedError (the calibration launcher says
+        so)."""
         raise NotImplementedError(f"{type(self).__name__} has no collective micro-benchmark")
+
+    def contention_probe(self, rounds: int) -> dict:
+        """Calibration of a scheme that overlaps: the communication-free backward timed alone
+        and with every gradient sent through the framework's own asynchronous path as it
+        appears ({"bytes": per tensor, "alone_s", "with_s", "ready_s": per tensor}, in send
+        order; see `adapters/calibration.py`).  NotImplementedError where the adapter has none: the
+        model then assumes communication takes nothing from backward."""
+        raise NotImplementedError(f"{type(self).__name__} has no contention probe")
+
+    def probe_rounds(self, backward_once, rounds: int) -> tuple[list[float], list[float], object]:
+        """`contention_probe`'s loop: `backward_once(send)` -> (seconds, ready) alone
+        (send=False) and sending (True), alternating after a barrier each, one untimed round
+        first; returns the alone and sending seconds and the ready times of the median alone
+        run."""
+        alone, beneath, ready = [], [], []
+        for _ in range(rounds + 1):
+            self.barrier()
+            seconds, stamps = backward_once(False)
+            alone.append(seconds)
+            ready.append(stamps)
+            self.barrier()
+            beneath.append(backward_once(True)[0])
+        median_run = sorted(range(1, rounds + 1), key=lambda i: alone[i])[rounds // 2]
+        return alone[1:], beneath[1:], ready[median_run]
 
     def time_collective(self, call, repeats: int, warmup: int, iters: int) -> list[float]:
         """`collective_times`' samples of one message: `warmup` untimed calls (connections,

@@ -192,18 +192,19 @@ class CaffeMpiStyleTrainer(TorchTrainer):
         return {"label": "layer-wise MPI all-reduce", "overlap": True, "granularity": "tensor",
                 "profile_granularity": "tensor", "algorithm": "ring", "transport": "mpi"}
 
-    def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """`allreduce_average` of a float32 gradient-like tensor per size, the very call the
+    def contention_probe(self, rounds):
+        """Not offered: this scheme sends from its own Python thread (LayerwiseReducer), which
+        a per-tensor submit would not reproduce; the model assumes no contention."""
+        raise NotImplementedError("caffe-mpi-style has no contention probe")
+
+    def collective_call(self, nbytes):
+        """`allreduce_average` of a float32 gradient-like tensor, the very call the
         communication thread makes per gradient (host buffer, MPI Allreduce SUM in place,
-        divide); each sample: a barrier, then the mean of `iters` back-to-back calls."""
+        divide)."""
         if self.comm.Get_size() < 2:
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
-        times = {}
-        for nbytes in sizes:
-            tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
-            times[int(nbytes)] = self.time_collective(
-                lambda: allreduce_average(tensor, self.comm, self.dist.world_size), repeats, warmup, iters)
-        return times
+        tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
+        return lambda: allreduce_average(tensor, self.comm, self.dist.world_size)
 
 
 TRAINER = CaffeMpiStyleTrainer

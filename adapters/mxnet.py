@@ -69,6 +69,7 @@ import gc
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -453,6 +454,12 @@ class RecordBatches:
 # ----------------------------------------------------------------------------- trainer
 
 class MXNetTrainer(Trainer):
+    # Keys in flight per calibration sample (`collective_times`): as many as a backward
+    # pushes (googlenet 116 tensors, resnet50 161): the servers pipeline what is in flight,
+    # 0.77 ms per small key with 20 in flight against 0.49 ms per key in googlenet-tiny's
+    # iterations.
+    MAX_CALIBRATION_ITERS = 128
+
     def __init__(self, spec, config: RunConfig, dist_info: DistInfo):
         super().__init__(spec, config, dist_info)
         check_mode(config.mode)
@@ -703,6 +710,48 @@ class MXNetTrainer(Trainer):
 
             times[nbytes] = [t / count for t in self.time_collective(push_pull_all, repeats, warmup, 1)]
         return times
+
+    def contention_probe(self, rounds):
+        """The contention calibration (adapters/calibration.py): backward timed alone and with
+        every gradient pushed (to a probe key of its shape) and pulled back the way
+        gluon.Trainer does, the engine starting each push once backward has written that
+        gradient; alternating, `rounds` of each after one of each untimed. Backward ends when
+        every gradient can be read; the pulls are waited for afterwards. The alone run's ready
+        times come from waiting on the gradients in backward order. (Pushing a 64 KiB buffer
+        made to depend on each gradient instead slowed backward 13% where the gradients
+        themselves slow it 2-3x: the servers' updater and ps-lite copy what is pushed.)"""
+        if not self.distributed:
+            raise NotImplementedError("in-process modes send nothing beside backward")
+        self._update_on_kvstore()  # the servers' updater on, as in an iteration
+        grads = [p.list_grad()[0] for p in self.network.collect_params().values()
+                 if p.grad_req != "null"][::-1]  # backward order: the last layer first
+        buffers = []
+        for index in range(len(grads)):
+            buffer = mx.nd.zeros(grads[index].shape, ctx=self.contexts[0])
+            self.kv.init(2_000_000 + index, buffer)
+            buffers.append(buffer)
+        alone, beneath, ready = self.probe_rounds(
+            lambda send: self._probe_backward(grads, buffers if send else None), rounds)
+        return {"bytes": [int(g.size) * 4 for g in grads], "alone_s": alone, "with_s": beneath,
+                "ready_s": ready}
+
+    def _probe_backward(self, grads, buffers):
+        data, labels = self._to_devices(next(self.batches))
+        losses = self._forward(data, labels)
+        mx.nd.waitall()
+        start = time.perf_counter()
+        self._backward(losses)
+        if buffers is not None:
+            for index, (grad, buffer) in enumerate(zip(grads, buffers)):
+                self.kv.push(2_000_000 + index, grad)
+                self.kv.pull(2_000_000 + index, out=buffer)
+        ready = []
+        for grad in grads:
+            grad.wait_to_read()
+            ready.append(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        mx.nd.waitall()
+        return seconds, ready
 
     # -- facts --------------------------------------------------------------------------------
     def _update_on_kvstore(self) -> bool:

@@ -8,6 +8,8 @@ communication overlaps the rest of backward. With one worker the model is not wr
 from __future__ import annotations
 
 import contextlib
+import time
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -338,8 +340,6 @@ class TorchTrainer(Trainer):
         last parameter gradient is ready, earliest first. `register(param, hook)` attaches the
         stamping hook (which kind fires depends on how backward is run); the hooks are removed
         before returning."""
-        import time
-
         cuda = self.device.type == "cuda"
         stamps: dict[str, list] = {}
 
@@ -375,19 +375,69 @@ class TorchTrainer(Trainer):
             ready = {layer: max(events) - start for layer, events in stamps.items()}
         return sorted(ready.items(), key=lambda item: item[1])
 
-    def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """`allreduce_flat` of a float32 gradient-like tensor per size (copy into a flat
-        buffer, dist.all_reduce SUM, average, copy back: what the whole-gradient all-reduce and,
-        in C++, DDP's buckets do per message); each sample: a barrier, then the mean of
-        `iters` back-to-back calls."""
+    def collective_call(self, nbytes):
+        """`allreduce_flat` of a float32 gradient-like tensor (copy into a flat buffer,
+        dist.all_reduce SUM, average, copy back: what the whole-gradient all-reduce and, in
+        C++, DDP's buckets do per message)."""
         if not dist.is_initialized():
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
-        times = {}
-        for nbytes in sizes:
-            tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
-            times[int(nbytes)] = self.time_collective(
-                lambda: allreduce_flat([tensor], self.dist.world_size), repeats, warmup, iters)
-        return times
+        tensor = torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
+        return lambda: allreduce_flat([tensor], self.dist.world_size)
+
+    def submit_collective(self, tensor, name: str):
+        """Start the scheme's all-reduce (SUM) of `tensor` without waiting, as DDP's reducer
+        does for a bucket; `wait_collective` waits for what it returns."""
+        return dist.all_reduce(tensor, async_op=True)
+
+    def wait_collective(self, handle) -> None:
+        handle.wait()
+
+    def contention_probe(self, rounds: int) -> dict:
+        """The contention calibration (adapters/calibration.py): the communication-free
+        backward of the separated profile, timed alone and with each parameter's gradient
+        all-reduced (a copy, through `submit_collective`, not waited for) from a tensor hook
+        the moment backward computes it, the way WFBP hooks submit gradients; alternating,
+        `rounds` of each after one of each untimed. Backward ends when backward_local returns;
+        the collectives are waited for afterwards and not counted. Returns the times, the
+        gradients' bytes and the alone run's hook times (from backward's start) in submit
+        order, for `analysis.calibration.fit_contention`."""
+        params = [p for _, p in self.network.leaves.named_parameters() if p.requires_grad]
+        alone, beneath, stamps = self.probe_rounds(lambda send: self._probe_backward(params, send), rounds)
+        order, ready = zip(*stamps)
+        return {"bytes": [params[i].numel() * params[i].element_size() for i in order],
+                "alone_s": alone, "with_s": beneath, "ready_s": list(ready)}
+
+    def _probe_backward(self, params, submit: bool) -> tuple[float, list[tuple[int, float]]]:
+        """One forward and communication-free backward; with `submit`, a tensor hook per
+        parameter all-reduces a copy of its gradient. (seconds, [(parameter index, hook time
+        from the start)] in hook order)."""
+        images, labels = self._to_device(*next(self.batches))
+        stamps, handles = [], []
+
+        def hook_for(index):
+            def hook(grad):
+                stamps.append((index, time.perf_counter()))
+                if submit:
+                    handles.append(self.submit_collective(grad.detach().clone(), f"dlcompare.probe.{index}"))
+            return hook
+
+        hooks = [param.register_hook(hook_for(i)) for i, param in enumerate(params)]
+        try:
+            with self.no_communication():
+                loss = F.cross_entropy(self.model(images), labels)
+                self.optimizer.zero_grad(set_to_none=True)
+                self.sync()
+                start = time.perf_counter()
+                self.backward_local(loss)
+                self.sync()
+                seconds = time.perf_counter() - start
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for handle in handles:
+            self.wait_collective(handle)
+        self.optimizer.zero_grad(set_to_none=True)
+        return seconds, [(index, t - start) for index, t in stamps]
 
 
 def allreduce_flat(grads: list, world_size: int) -> None:

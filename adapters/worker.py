@@ -11,7 +11,6 @@ over ranks. Adapters print no results themselves.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import platform
@@ -274,62 +273,6 @@ def collective_time(arrivals: list[float], comms: list[float]) -> float:
     return max(0.0, max(a + c for a, c in zip(arrivals, comms)) - max(arrivals))
 
 
-def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
-    """Calibration mode: time the scheme's collective per message size (every rank) and, on
-    a CPU, a local float32 sum of the same sizes (the model's reduction cost gamma); rank 0
-    writes the slowest rank's time per repeat to the record path."""
-    sizes = [int(n) for n in config.calibrate["sizes"]]
-    repeats = int(config.calibrate.get("repeats", 10))
-    warmup = int(config.calibrate.get("warmup", 2))
-    trainer.collective_times(sizes[:1], 1, max(warmup, 5))  # first calls set up connections: not timed
-    loop_bytes = int(config.calibrate.get("loop_bytes", 2 ** 20))
-    if loop_bytes > 0 and "iters" in inspect.signature(trainer.collective_times).parameters:
-        collective = {}  # back-to-back calls per sample, up to about loop_bytes per sample (max 20)
-        for size in sizes:
-            iters = max(1, min(20, loop_bytes // max(size, 1)))
-            collective.update(trainer.collective_times([size], repeats, warmup, iters=iters))
-    else:
-        collective = trainer.collective_times(sizes, repeats, warmup)
-    result = {"collective": {str(k): v for k, v in collective.items()}}
-    if config.device == "cpu" and config.calibrate.get("reduction", True):
-        result["reduction"] = {str(k): v for k, v in reduction_times(sizes, repeats).items()}
-    rank_dir = Path(config.rank_dir)
-    write_json_atomic(rank_dir / f"calibrate_rank{dist.rank}.json", result)
-    trainer.barrier()
-    if dist.rank != 0:
-        return
-    paths = [rank_dir / f"calibrate_rank{r}.json" for r in range(dist.world_size)]
-    deadline = time.monotonic() + 60
-    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ranks = [json.loads(p.read_text()) for p in paths]
-    slowest = {size: [max(r["collective"][size][i] for r in ranks) for i in range(len(times))]
-               for size, times in ranks[0]["collective"].items()}
-    write_json_atomic(Path(config.record_path), {
-        "framework": config.framework, "mode": config.mode, "device": config.device,
-        "nodes": config.nodes, "workers_per_node": config.workers_per_node,
-        "world_size": config.world_size, "servers": config.servers,
-        "comm_scheme": trainer.comm_scheme(), "collective": slowest, "loop_bytes": loop_bytes,
-        "reduction": ranks[0].get("reduction"), "env": environment(trainer.versions()),
-        "device_name": trainer.device_name()})
-
-
-def reduction_times(sizes: list[int], repeats: int) -> dict[int, list[float]]:
-    """Seconds of a local in-place float32 sum a += b per size (NumPy on the host)."""
-    times = {}
-    for nbytes in sizes:
-        a = np.zeros(max(1, nbytes // 4), dtype=np.float32)
-        b = np.ones_like(a)
-        np.add(a, b, out=a)
-        measured = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            np.add(a, b, out=a)
-            measured.append(time.perf_counter() - start)
-        times[nbytes] = measured
-    return times
-
-
 def rank_result(config: RunConfig, trainer, timings: dict, profile: dict) -> dict:
     return {"timings": timings, "profile": profile, "versions": trainer.versions(),
             "device_name": trainer.device_name(), "extra": trainer.describe()}
@@ -392,10 +335,12 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0) -> list[dict]:
-    """Read every rank's result file; they are written before the barrier, so this is brief."""
+def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0,
+                        name: str = "rank{rank}.json") -> list[dict]:
+    """Read every rank's file `name` (formatted with rank); they are written before a barrier,
+    so this is brief."""
     deadline = time.monotonic() + timeout
-    paths = [rank_dir / f"rank{r}.json" for r in range(world_size)]
+    paths = [rank_dir / name.format(rank=r) for r in range(world_size)]
     while not all(p.exists() for p in paths):
         if time.monotonic() > deadline:
             missing = [p.name for p in paths if not p.exists()]
@@ -427,6 +372,8 @@ def main(argv: list[str]) -> int:
             trainer.barrier()
             return 0
         if config.calibrate:
+            from adapters.calibration import run_calibration
+
             run_calibration(trainer, config, dist)
             trainer.barrier()
             return 0

@@ -29,6 +29,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
+from analysis import perfmodel as pm
 from analysis.perfmodel import LinkCost, invert_fit
 
 KIB = 1024
@@ -187,6 +188,7 @@ class CalibrationFit:
     repeats: int
     bandwidth: str = ""  # the emulated link it was measured on ("" unshaped / a real network)
     latency: str = ""
+    contention: float = 0.0  # kappa: share of overlapped transfer time taken from compute
 
     @property
     def cost(self) -> LinkCost:
@@ -199,8 +201,9 @@ class CalibrationFit:
     def from_row(cls, row: Mapping) -> "CalibrationFit":
         names = cls.__dataclass_fields__
         keys = set(row.keys())
-        return cls(**{k: (row[k] if row[k] is not None else "") if k in ("bandwidth", "latency")
-                      else row[k] for k in names if k in keys})
+        defaults = {"bandwidth": "", "latency": "", "contention": 0.0}  # columns added later
+        return cls(**{k: defaults[k] if k in defaults and row[k] is None else row[k]
+                      for k in names if k in keys})
 
     def predicted(self, nbytes: float) -> float:
         """The fitted whole-collective time T(n) = a + b n."""
@@ -236,6 +239,43 @@ def fit_calibration(points: Mapping[int, Sequence[float]], *, framework: str, mo
                           workers_per_node, p, servers, a, b, rel, link.alpha, link.beta, link.gamma,
                           len(summary), max((s.repeats for s in summary), default=0),
                           bandwidth or "", latency or "")
+
+
+
+
+def fit_contention(probe: Mapping | None, scheme: Mapping | None, fit: CalibrationFit) -> float:
+    """kappa from a contention probe: backward alone and with each gradient (`bytes`, in send
+    order) sent at its ready time, in alternating rounds.  The model's own relation
+    (`perfmodel.contended_schedule`),
+
+        t_w = t_a + kappa * busy(t_a),   so   kappa = (t_w / t_a - 1) * t_a / busy(t_a),
+
+    with busy the transfer time inside backward when those messages are scheduled as the
+    scheme schedules per-tensor messages (its merge, e.g. Horovod's cycles) at the fitted
+    cost, so kappa means in the prediction what it meant in the probe.  The slowdown
+    t_w / t_a - 1 is the median over rounds of each round's pair: a shared 2-core VM drifts by
+    tens of percent between seconds, and the two halves of a round see the same machine
+    (four Horovod-gloo calibrations: 8-48% as a ratio of medians, 8-30% paired).  t_a:
+    median alone.  0 without
+    a probe or communication, clipped to [0, 1]."""
+    if not probe or not probe.get("alone_s") or not probe.get("with_s"):
+        return 0.0
+    t_a = statistics.median(probe["alone_s"])
+    slowdown = statistics.median(w / a - 1.0 for a, w in zip(probe["alone_s"], probe["with_s"]) if a > 0)
+    described = {**(scheme or {}), "granularity": "tensor", "overlap": True, "servers": 0,
+                 "algorithm": fit.algorithm if fit.algorithm != "ps" else "ring"}
+    if fit.algorithm == "ps":
+        described.update(algorithm="ps", servers=max(fit.servers, 1))
+    probe_scheme = pm.Scheme.from_dict(described)
+    comm_time = pm.comm_time_function(probe_scheme.algorithm, fit.world_size, fit.cost,
+                                      max(1, probe_scheme.servers))
+    grads = [pm.Grad(f"probe{i}", f"probe{i}", int(n), r)
+             for i, (n, r) in enumerate(zip(probe["bytes"], probe.get("ready_s") or []))]
+    transfers = pm.schedule(probe_scheme.messages(grads, comm_time), comm_time, True, t_a)
+    busy = pm.busy_during(transfers, t_a)
+    if busy <= 0:
+        return 0.0
+    return min(1.0, max(0.0, slowdown * t_a / busy))
 
 
 # --------------------------------------------------------------------------- lookup
@@ -338,6 +378,8 @@ def format_points(fit: CalibrationFit, points: Mapping[int, Sequence[float]]) ->
                  f"relative rms error {fit.rel_rmse * 100:.1f} %")
     lines.append(f"# {fit.algorithm}: alpha = {fit.alpha_s * 1e6:.2f} us, beta = {fit.beta_s_per_byte * 1e9:.4f} ns/B "
                  f"({link_gbps(fit.beta_s_per_byte)}), gamma = {fit.gamma_s_per_byte * 1e9:.4f} ns/B")
+    lines.append(f"# contention: kappa = {fit.contention:.2f} (share of overlapped transfer time taken "
+                 "from compute)")
     return "\n".join(lines)
 
 

@@ -42,7 +42,18 @@ merging small gradients: `merge_by_threshold` (Horovod's fusion buffer, PyTorch 
 buckets: consecutive gradients in send order fill a buffer that is sent when it holds at least
 the threshold; ready when its last member is) and `merge_greedy` (MG-WFBP-style: merge the next
 gradient into the pending message when that does not make both finish later, which saves one
-alpha whenever the next gradient is ready before the pending message could start anyway).
+alpha whenever the next gradient is ready before the pending message could start anyway) and
+`merge_by_cycle` (Horovod's background thread: at each cycle start everything ready goes as
+one message; t_{k+1} = t_k + max(cycle, T(n_k))).
+
+contention (`contended_schedule`): on a CPU host whose cores the ranks' compute fills, the
+communication stack is CPU work too; kappa (calibrated per scheme) is the backward time lost
+per second of transfer beside it::
+
+    t_b' = t_b + kappa * busy(t_b),   r_i' = r_i * t_b' / t_b
+
+  busy(t_b) the transfer time inside backward in the uncontended schedule; kappa = 0 (a GPU
+  whose collectives run on their own engines) is plain WFBP.
 
 Communication cost (`coefficients`, `collective_time`); every model is linear in n::
 
@@ -71,7 +82,7 @@ from typing import Callable, Iterable, Sequence
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "halving_doubling", "ps", "p2p")
 GRANULARITIES: tuple[str, ...] = ("whole", "layer", "tensor", "bucket")
-MERGES: tuple[str | None, ...] = (None, "greedy")
+MERGES: tuple[str | None, ...] = (None, "greedy", "cycle")
 
 
 # --------------------------------------------------------------------------- costs
@@ -401,6 +412,35 @@ def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float
     return merged
 
 
+def merge_by_cycle(messages: Sequence[Message], comm_time: Callable[[float], float],
+                   cycle_s: float, cap: float = 0) -> list[Message]:
+    """Horovod's background thread: it wakes at cycle starts and sends everything ready by
+    then as one fused message (at most `cap` bytes when cap > 0); a cycle starts cycle_s after
+    the previous one started or, when that cycle's transfer took longer, as soon as it ended:
+
+        t_0 = 0,   t_{k+1} = t_k + max(cycle_s, T(n_k))   (n_k = 0 when nothing was ready)
+
+    Each merged message is ready at its cycle start t_k, so `schedule` starts it there.  With
+    T(n) >= cycle_s the thread never sleeps and this is "send what became ready while the
+    previous transfer ran"; with tiny T it sends about once per cycle_s."""
+    pending = list(messages)
+    merged: list[Message] = []
+    tick = 0.0
+    while pending:
+        if pending[0].ready > tick:  # nothing ready: sleep whole cycles until something is
+            skipped = math.ceil((pending[0].ready - tick) / cycle_s) if cycle_s > 0 else 0
+            tick = tick + skipped * cycle_s if cycle_s > 0 else pending[0].ready
+        batch = []
+        while pending and pending[0].ready <= tick and (
+                not batch or cap <= 0 or sum(m.nbytes for m in batch) + pending[0].nbytes <= cap):
+            batch.append(pending.pop(0))
+        message = Message(sum(m.nbytes for m in batch), tick,
+                          tuple(name for m in batch for name in m.members))
+        merged.append(message)
+        tick += max(cycle_s, comm_time(message.nbytes))
+    return merged
+
+
 # --------------------------------------------------------------------------- schemes
 
 @dataclass(frozen=True)
@@ -411,13 +451,16 @@ class Scheme:
     granularity: what one message holds before merging: ``whole`` gradient, ``layer``,
       ``tensor``, or ``bucket`` (consecutive tensors up to bucket_bytes; the first bucket up
       to first_bucket_bytes when given);
-    merge: None, or ``greedy`` (MG-WFBP-style merging on top of the granularity);
+    merge: None, ``greedy`` (MG-WFBP-style merging on top of the granularity), or ``cycle``
+      (Horovod's background thread: what is ready at each cycle start goes as one message,
+      `merge_by_cycle`);
     algorithm: the collective (see `coefficients`); servers: parameter servers for ``ps``;
     profile_granularity: how the framework's separated profile communicates (after backward),
       so a predicted comm phase is comparable with the measured one (default: granularity);
-    cycle_s: a background thread that sends only at its cycle ticks (Horovod): each message
-      waits half a cycle on average, r_i + cycle_s / 2.  With merge ``greedy`` and a
-      bucket_bytes, merged messages stay within bucket_bytes (a fusion buffer).
+    cycle_s: a background thread that sends only at its cycle starts (Horovod): with merge
+      ``cycle`` the cycles are simulated; otherwise each message waits half a cycle on
+      average, r_i + cycle_s / 2.  With merge ``greedy`` or ``cycle`` and a bucket_bytes,
+      merged messages stay within bucket_bytes (a fusion buffer).
     """
 
     name: str = "allreduce"
@@ -483,9 +526,13 @@ class Scheme:
             messages = group_by_tensor(grads)
         else:
             messages = merge_by_threshold(grads, self.bucket_bytes, self.first_bucket_bytes)
-        if self.cycle_s > 0 and not separate:
+        if separate:
+            return messages
+        if self.merge == "cycle":
+            return merge_by_cycle(messages, comm_time, self.cycle_s, self.bucket_bytes)
+        if self.cycle_s > 0:
             messages = [Message(m.nbytes, m.ready + self.cycle_s / 2, m.members) for m in messages]
-        if self.merge == "greedy" and not separate:
+        if self.merge == "greedy":
             messages = merge_greedy(messages, comm_time, self.bucket_bytes)
         return messages
 
@@ -539,20 +586,60 @@ class Prediction:
         return min(1.0, max(0.0, 1.0 - self.comm_exposed / self.comm_total))
 
 
-def predict(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float]) -> Prediction:
-    """The model's iteration for one worker's profile under `scheme` with message cost
-    `comm_time` (n -> seconds; `comm_time_function`).
+def busy_during(transfers: Sequence[Transfer], until: float) -> float:
+    """Seconds of transfers that run before `until` (the end of backward)."""
+    return sum(max(0.0, min(t.end, until) - t.start) for t in transfers)
 
-    t_iter = t_io' + t_h2d + t_f + max(t_b, e_last) + t_u; e_last from `schedule` (overlap or
-    not); t_io' hidden behind the rest when the profile's reader prefetches.  The predicted
-    ``comm`` phase is the communication as the framework's separated profile runs it (after
-    backward, `profile_granularity`), comparable with the measured one.
+
+def contended_schedule(grads: Sequence[Grad], scheme: Scheme, comm_time: Callable[[float], float],
+                       t_b: float, contention: float) -> tuple[list[Transfer], float]:
+    """Transfers and the stretched backward when communication competes with backward for
+    the same cores (a CPU host whose cores the ranks' compute already fills).
+
+    kappa = `contention`: seconds of backward lost per second of transfer running beside it
+    (calibrated: `analysis.calibration.fit_contention` from the probe of
+    `launchers.calibrate`).  First order: the transfers inside backward are those of the
+    uncontended schedule, and backward must still do its own work plus the stack's::
+
+        t_b' = t_b + kappa * busy(t_b)
+
+    busy(t_b) being the transfer time before t_b in `schedule` of the scheme's messages; the
+    messages are then scheduled again with ready times r_i * t_b' / t_b for what outlasts
+    the stretched backward.  (Iterating this to a fixed point, t_b' = t_b + kappa busy(t_b'),
+    diverges towards t_b / (1 - kappa) where transfers fill backward: a transfer beside
+    compute is slowed as well, so fewer of them run inside it, which the first-order form
+    leaves out on both sides, probe and prediction alike.)  kappa = 0 is plain WFBP
+    (communication on its own engine: GPU copy engines, a NIC's DMA); without overlap
+    nothing runs beside backward.
+    """
+    if not 0.0 <= contention <= 1.0:
+        raise ValueError(f"contention must be in [0, 1], got {contention}")
+    transfers = schedule(scheme.messages(grads, comm_time), comm_time, scheme.overlap, t_b)
+    if contention == 0.0 or not scheme.overlap or t_b <= 0:
+        return transfers, t_b
+    stretched = t_b + contention * busy_during(transfers, t_b)
+    k = stretched / t_b
+    later = [Grad(g.name, g.layer, g.nbytes, g.ready * k) for g in grads]
+    return schedule(scheme.messages(later, comm_time), comm_time, True, stretched), stretched
+
+
+def predict(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float],
+            contention: float = 0.0) -> Prediction:
+    """The model's iteration for one worker's profile under `scheme` with message cost
+    `comm_time` (n -> seconds; `comm_time_function`) and `contention` kappa (the share of
+    overlapped communication that takes cores from backward; `contended_schedule`).
+
+    t_iter = t_io' + t_h2d + t_f + max(t_b', e_last) + t_u; e_last from `schedule` (overlap or
+    not), t_b' = t_b stretched by contention (t_b when kappa = 0); t_io' hidden behind the
+    rest when the profile's reader prefetches.  The predicted ``comm`` phase is the
+    communication as the framework's separated profile runs it (after backward,
+    `profile_granularity`), comparable with the measured one.
     """
     grads = list(profile.grads)
     t_b = profile.backward
-    transfers = schedule(scheme.messages(grads, comm_time), comm_time, scheme.overlap, t_b)
+    transfers, stretched = contended_schedule(grads, scheme, comm_time, t_b, contention)
     comm_total = sum(t.end - t.start for t in transfers)
-    end = max([t_b] + [t.end for t in transfers])
+    end = max([stretched] + [t.end for t in transfers])
     comm_separate = sum(comm_time(m.nbytes) for m in scheme.messages(grads, comm_time, separate=True))
     rest = profile.h2d + profile.forward + end + profile.update
     io = exposed_io(profile.io, rest, profile.prefetch)

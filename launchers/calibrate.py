@@ -32,6 +32,9 @@ from launchers.envs import reexec_in_host_env
 
 SIZE = re.compile(r"([0-9]+)\s*(|K|M|G|KB|MB|GB|KiB|MiB|GiB|k|kB)", re.IGNORECASE)
 CALIBRATION_MODEL = "alexnet-tiny"  # the trainer needs a network; the smallest that builds fast
+# The contention calibration's compute step: a batch whose kernels, not Python, fill the cores
+# (at batch 1 the step is mostly interpreter overhead, which the stream's thread shares).
+CALIBRATION_BATCH = 16
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -134,7 +137,8 @@ def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, set
               + "".join(f"-{prefix}{link_tag(value)}" for prefix, value in
                         (("bw", bandwidth), ("lat", latency)) if value))
     run_dir = out / "calibration" / run_id
-    return RunConfig(run_id=run_id, framework=info.name, mode=mode, model=CALIBRATION_MODEL, batch_per_worker=1,
+    return RunConfig(run_id=run_id, framework=info.name, mode=mode, model=CALIBRATION_MODEL,
+                     batch_per_worker=CALIBRATION_BATCH,
                      campaign=out.name, device=settings["device"], nodes=nodes, workers_per_node=workers,
                      servers=servers, warmup=0, iterations=1, repeats=1, profile_iterations=1,
                      bandwidth=bandwidth, latency=latency,
@@ -147,18 +151,21 @@ def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, set
 
 def fit_result(result: dict, info, mode: str, bandwidth: str | None = None, latency: str | None = None):
     """The CalibrationFit of one calibration run's result file."""
-    from analysis.calibration import fit_calibration
+    from dataclasses import replace
+
+    from analysis.calibration import fit_calibration, fit_contention
 
     scheme = result.get("comm_scheme") or {}
     servers = int(result.get("servers") or 0)
     algorithm = scheme.get("algorithm") or ("ps" if servers else "ring")
-    return fit_calibration(
+    fit = fit_calibration(
         {int(k): v for k, v in result["collective"].items()}, framework=info.name, mode=mode,
         transport=scheme.get("transport") or info.name, collective="pushpull" if algorithm == "ps" else "allreduce",
         algorithm=algorithm, device_kind=result.get("device", "cpu"), nodes=int(result["nodes"]),
         workers_per_node=int(result["workers_per_node"]), servers=servers,
         reduction_points={int(k): v for k, v in (result.get("reduction") or {}).items()} or None,
         bandwidth=bandwidth or "", latency=latency or "")
+    return replace(fit, contention=fit_contention(result.get("contention"), scheme, fit))
 
 
 def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False,
@@ -232,6 +239,7 @@ def calibrate_one(settings, pythons, store, console, only_missing, cluster, info
                           measured_at=started, env=result.get("env"),
                           extra={"comm_scheme": result.get("comm_scheme"),
                                  "loop_bytes": result.get("loop_bytes"),
+                                 "contention": result.get("contention"),
                                  "device_name": result.get("device_name"),
                                  "duration_s": outcome.duration_s, "cluster": settings.get("cluster", "local")})
     print(format_points(fit, points), flush=True)

@@ -175,3 +175,23 @@ def calibration_run(out: Path, python: str, framework: str, mode: str,
         f"{n} B {min(t) * 1e3:.3f} ms" for n, t in times.items()))
     assert all(len(t) == repeats for t in times.values())
     return times
+
+
+def assert_contention_probe(out: Path, tensors: int) -> dict:
+    """The calibration record's contention probe (adapters/calibration.py): every round's
+    backward alone and with a collective per parameter tensor, the ready times of the
+    `tensors` parameter tensors in order, and a kappa the model can use."""
+    import json
+    import statistics
+
+    from adapters.calibration import CONTENTION_ROUNDS
+
+    probe = json.loads((out / "calibration.json").read_text())["contention"]
+    assert probe is not None, "a scheme that overlaps must have a contention probe"
+    assert len(probe["alone_s"]) == len(probe["with_s"]) == CONTENTION_ROUNDS
+    assert min(probe["alone_s"] + probe["with_s"]) > 0
+    assert len(probe["bytes"]) == len(probe["ready_s"]) == tensors and min(probe["bytes"]) > 0
+    assert probe["ready_s"] == sorted(probe["ready_s"]) and probe["ready_s"][-1] <= max(probe["alone_s"])
+    print(f"contention probe: backward {statistics.median(probe['alone_s']) * 1e3:.1f} ms alone, "
+          f"{statistics.median(probe['with_s']) * 1e3:.1f} ms with a collective per tensor")
+    return probe

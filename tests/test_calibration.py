@@ -4,6 +4,7 @@ tests/test_predict.py's loopback campaign)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -170,3 +171,63 @@ def test_calibrate_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
     assert not (tmp_path / "c" / "results.sqlite").exists()
+
+
+# --------------------------------------------------------------------------- contention
+
+def horovod_like_fit(alpha_s: float = 0.6e-3) -> cal.CalibrationFit:
+    return cal.CalibrationFit("horovod", "gloo", "horovod-gloo", "allreduce", "ring", "cpu", 1, 2, 2, 0,
+                              2 * alpha_s, 1e-9, 0.1, alpha_s, 1e-9, 0.0, 17, 10)
+
+
+def probe_with(kappa: float, fit: cal.CalibrationFit, scheme: dict, rng: random.Random,
+               sigma: float = 0.01) -> dict:
+    """A contention probe whose backward-with-submissions obeys the model at `kappa`:
+    16 tensors of 64 KiB ready over a 15 ms backward, t_w = t_a + kappa * busy(t_a), with 1 %
+    log-normal noise on every sample."""
+    ready = [0.3e-3 * (k + 1) for k in range(12)] + [10e-3, 10.1e-3, 15.6e-3, 15.6e-3]
+    t_a = 15.7e-3
+    described = {**scheme, "granularity": "tensor", "overlap": True}
+    comm = pm.comm_time_function("ring", 2, fit.cost)
+    grads = [pm.Grad(f"probe{i}", f"probe{i}", 65536, r) for i, r in enumerate(ready)]
+    transfers = pm.schedule(pm.Scheme.from_dict(described).messages(grads, comm), comm, True, t_a)
+    t_w = t_a + kappa * pm.busy_during(transfers, t_a)
+    noisy = lambda t: [t * math.exp(rng.gauss(0.0, sigma)) for _ in range(7)]  # noqa: E731
+    return {"bytes": [65536] * len(ready), "alone_s": noisy(t_a), "with_s": noisy(t_w), "ready_s": ready}
+
+
+@pytest.mark.parametrize("kappa", [0.2, 0.5, 0.9])
+@pytest.mark.parametrize("merge", [None, "cycle"])
+def test_fit_contention_recovers_kappa_from_a_noisy_probe(kappa, merge):
+    """fit_contention inverts the model's own relation, whatever the scheme's merge: within
+    0.1 of kappa with 1 % noise on 15 ms backwards (the noise on t_w - t_a is what limits it)."""
+    fit = horovod_like_fit()
+    scheme = {"merge": merge, "cycle_ms": 1.0, "algorithm": "ring"}
+    estimates = [cal.fit_contention(probe_with(kappa, fit, scheme, random.Random(seed)), scheme, fit)
+                 for seed in range(5)]
+    assert abs(sorted(estimates)[2] - kappa) <= 0.1, estimates
+
+
+def test_fit_contention_limits():
+    fit = horovod_like_fit()
+    scheme = {"merge": "cycle", "cycle_ms": 1.0}
+    assert cal.fit_contention(None, scheme, fit) == 0.0  # no probe: no contention assumed
+    faster = {"bytes": [65536, 65536], "alone_s": [0.02] * 3, "with_s": [0.019] * 3, "ready_s": [0.001, 0.02]}
+    assert cal.fit_contention(faster, scheme, fit) == 0.0  # noise below zero is clipped
+    slower = {**faster, "with_s": [1.0] * 3}
+    assert cal.fit_contention(slower, scheme, fit) == 1.0  # and above one
+
+
+def test_store_reads_calibrations_stored_before_contention_as_none(tmp_path):
+    """A store written before calibrations had a contention column (session 4) gets it added
+    empty; those fits read as kappa 0, what their predictions assumed."""
+    rng = random.Random(0)
+    points = synthetic_points(pm.LinkCost(alpha=25e-6, beta=0.4e-9), 2, rng, outliers=0.0)
+    fit = cal.fit_calibration(points, framework="torch", mode="ddp", transport="gloo", collective="allreduce",
+                              algorithm="ring", device_kind="cpu", nodes=1, workers_per_node=2)
+    with ResultStore.for_campaign(tmp_path) as store:
+        store.add_calibration(dataclasses.replace(fit, contention=0.4), points)
+        assert store.calibration_fits()[0].contention == 0.4
+        store._conn.execute("UPDATE calibration SET contention = NULL")
+        store._conn.commit()
+        assert store.calibration_fits()[0].contention == 0.0

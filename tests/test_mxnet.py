@@ -24,7 +24,8 @@ from adapters.registry import UnknownFramework, parse_framework_mode
 from launchers.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
-from tests.conftest import assert_ranks_equal_one_process, calibration_run, run_cli, worker_processes
+from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run,
+                            run_cli, worker_processes)
 from tests.conftest import check_run as run_check
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
@@ -398,8 +399,10 @@ def test_a_ps_lite_role_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path
 
 @pytest.mark.slow
 def test_calibration_pushes_keys_in_flight_through_the_servers_updater(tmp_path, mxnet_python):
-    """dist_sync calibration: small messages are 20 distinct keys in flight at once, as a
-    backward's gradients are, through the servers with the optimizer set (MXNet's
-    update_on_kvstore), so a key costs what it costs in an iteration."""
+    """dist_sync calibration: small messages are up to 128 distinct keys in flight at once, as
+    a backward's gradients are, through the servers with the optimizer set (MXNet's
+    update_on_kvstore), so a key costs what it costs in an iteration; and the contention
+    probe pushes a key per gradient as backward writes it."""
     times = calibration_run(tmp_path / "calibrate", mxnet_python, "mxnet", "dist_sync", servers=1)
     assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
+    assert_contention_probe(tmp_path / "calibrate", tensors=16)

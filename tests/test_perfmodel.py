@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -193,6 +194,61 @@ def test_greedy_merging_respects_a_fusion_cap_and_cycle():
     assert [m.ready for m in scheme.messages(grads([1, 1], [0.0, 1.0]), alpha_only)] == pytest.approx([0.005, 1.005])
 
 
+def test_cycle_merge_like_horovods_background_thread():
+    """Four 1-byte gradients ready at [0.2, 0.5, 1.5, 4.2], cycle 1:
+
+    T(n) = 0.5 (shorter than a cycle): t0 = 0 finds nothing ready and sleeps one cycle;
+      t = 1.0 sends the two ready (0.2, 0.5) as one message; next cycle t = 1 + max(1, 0.5)
+      = 2.0 sends 1.5's; t = 3.0 finds nothing, sleeps ceil((4.2 - 3) / 1) = 2 cycles; t = 5.0
+      sends the last: messages (2 B at 1.0), (1 B at 2.0), (1 B at 5.0).
+    T(n) = 1.5 (a transfer outlasts the cycle): t = 1.0 sends two; the next cycle starts when
+      that transfer ends, 2.5, and sends 1.5's; t = 4.0 finds nothing, sleeps one cycle; t =
+      5.0 sends the last: (2 at 1.0), (1 at 2.5), (1 at 5.0).
+    """
+    raw = grads([1, 1, 1, 1], [0.2, 0.5, 1.5, 4.2])
+    g = pm.group_by_tensor(raw)
+    short = pm.merge_by_cycle(g, lambda n: 0.5, cycle_s=1.0)
+    assert [(m.nbytes, m.ready) for m in short] == [(2, 1.0), (1, 2.0), (1, 5.0)]
+    assert short[0].members == ("l0.weight", "l1.weight")
+    long = pm.merge_by_cycle(g, lambda n: 1.5, cycle_s=1.0)
+    assert [(m.nbytes, m.ready) for m in long] == [(2, 1.0), (1, 2.5), (1, 5.0)]
+    # the fusion threshold caps a cycle's buffer: the rest waits for the next cycle
+    capped = pm.merge_by_cycle(pm.group_by_tensor(grads([2, 2, 2], [0.0, 0.0, 0.0])), lambda n: 0.5,
+                               cycle_s=1.0, cap=4)
+    assert [(m.nbytes, m.ready) for m in capped] == [(4, 0.0), (2, 1.0)]
+    # a scheme with merge "cycle" sends these, scheduled from their cycle starts
+    scheme = pm.Scheme.from_dict({"overlap": True, "granularity": "tensor", "merge": "cycle",
+                                  "cycle_ms": 1000.0})
+    sent = scheme.messages(raw, lambda n: 0.5)
+    assert [(m.nbytes, m.ready) for m in sent] == [(2, 1.0), (1, 2.0), (1, 5.0)]
+    assert [m.nbytes for m in scheme.messages(raw, lambda n: 0.5, separate=True)] == [1, 1, 1, 1]
+
+
+def test_contention_stretches_backward_by_kappa_times_the_transfers_inside_it():
+    """The three-layer example (ready [1, 3, 4], messages [3, 1, 2] bytes at 1 s/B, t_f = 2,
+    t_u = 0.5, t_io = 0.1 unhidden) with kappa = 0.5:
+
+    uncontended WFBP transfers (1, 4), (4, 5), (5, 7): busy before t_b = 4 is 4 - 1 = 3, so
+    t_b' = 4 + 0.5 * 3 = 5.5; ready times scale by 5.5 / 4: [1.375, 4.125, 5.5]; transfers
+    (1.375, 4.375), (4.375, 5.375), (5.5, 7.5): backward + communication 7.5, iteration
+    0.1 + 2 + 7.5 + 0.5 = 10.1 (9.6 without contention), exposed 7.5 - 4 = 3.5.
+    """
+    prof = profile([1.0, 2.0, 1.0], [3, 1, 2], io=0.1, forward=2.0, update=0.5)
+    per_byte = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))
+    wfbp = pm.Scheme(overlap=True, granularity="layer")
+    contended = pm.predict(prof, wfbp, per_byte, contention=0.5)
+    assert [(t.start, t.end) for t in contended.transfers] == [
+        approx(x) for x in [(1.375, 4.375), (4.375, 5.375), (5.5, 7.5)]]
+    assert contended.iter_time == approx(10.1) and contended.comm_exposed == approx(3.5)
+    assert pm.predict(prof, wfbp, per_byte, contention=0.0).iter_time == approx(9.6)
+    # nothing runs beside backward without overlap: kappa changes nothing
+    whole = pm.Scheme()
+    assert pm.predict(prof, whole, per_byte, contention=0.9).iter_time == approx(12.6)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError):
+            pm.predict(prof, wfbp, per_byte, contention=bad)
+
+
 def profile(layer_backward, sizes, io=0.0, h2d=0.0, forward=1.0, update=0.1):
     tau = pm.ready_times(layer_backward)
     return pm.Profile(io, h2d, forward, tau[-1], update, tuple(grads(sizes, tau)))
@@ -232,6 +288,7 @@ def test_scheme_from_adapter_dict():
 
 SCHEMES = [pm.Scheme(), pm.Scheme(overlap=True, granularity="layer"),
            pm.Scheme(overlap=True, granularity="tensor", merge="greedy"),
+           pm.Scheme(overlap=True, granularity="tensor", merge="cycle", cycle_s=1e-3, bucket_bytes=30000),
            pm.Scheme(overlap=True, granularity="bucket", bucket_bytes=5000, first_bucket_bytes=1000),
            pm.Scheme(algorithm="tree", overlap=True, granularity="layer"),
            pm.Scheme(algorithm="ps", servers=2, overlap=True, granularity="layer")]
@@ -245,11 +302,13 @@ def random_profile(rng: random.Random) -> pm.Profile:
 
 
 def test_zero_communication_gives_ideal_scaling():
+    """Free links and no background-thread cycle (a cycle delays the last gradient by up to
+    one cycle even over a free link: Horovod's HOROVOD_CYCLE_TIME is a cost of its own)."""
     rng = random.Random(1)
     for _ in range(50):
         prof = random_profile(rng)
         t_one = pm.single_worker_prediction(prof).iter_time
-        for scheme in SCHEMES:
+        for scheme in (dataclasses.replace(s, cycle_s=0.0) for s in SCHEMES):
             for p in (2, 4, 16, 128):
                 free = pm.comm_time_function(scheme.algorithm, p, pm.LinkCost(), max(1, scheme.servers))
                 t_n = pm.predict(prof, scheme, free).iter_time
@@ -269,6 +328,21 @@ def test_overlap_never_beats_forward_plus_backward_nor_loses_to_no_overlap():
         without = pm.predict(prof, pm.Scheme(granularity="layer"), comm).iter_time
         with_overlap = pm.predict(prof, pm.Scheme(overlap=True, granularity="layer"), comm).iter_time
         assert floor - 1e-12 <= with_overlap <= without + 1e-12
+
+
+def test_contention_never_shortens_an_iteration_and_grows_with_kappa():
+    """Communication that takes cores from backward can make overlap worse than none (what
+    Horovod over gloo does on 2 shared cores), but never faster than without contention,
+    and more contention never helps."""
+    rng = random.Random(3)
+    for _ in range(200):
+        prof = random_profile(rng)
+        comm = pm.comm_time_function("ring", 2, pm.LinkCost(rng.uniform(0, 1e-3), rng.uniform(0, 1e-8)))
+        scheme = rng.choice(SCHEMES[1:3])
+        floor = prof.io + prof.h2d + prof.forward + prof.backward + prof.update
+        times = [pm.predict(prof, scheme, comm, kappa).iter_time for kappa in (0.0, 0.3, 0.6, 1.0)]
+        assert floor - 1e-12 <= times[0]
+        assert all(a <= b + 1e-12 for a, b in zip(times, times[1:])), times
 
 
 def test_speedup_and_efficiency():

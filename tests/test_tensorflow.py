@@ -220,3 +220,5 @@ def test_calibration_times_the_strategys_own_allreduce(tmp_path, tf_python):
     all-reduce over gRPC, the collective the fused step runs (see comm_scheme)."""
     times = calibration_run(tmp_path / "calibrate", tf_python, "tf", "collective")
     assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
+    record = json.loads((tmp_path / "calibrate" / "calibration.json").read_text())
+    assert record["contention"] is None  # one all-reduce after backward: nothing runs beside it
