@@ -188,7 +188,7 @@ class CalibrationFit:
     repeats: int
     bandwidth: str = ""  # the emulated link it was measured on ("" unshaped / a real network)
     latency: str = ""
-    contention: float = 0.0  # kappa: share of overlapped transfer time taken from compute
+    contention: float = 0.0  # kappa: backward seconds lost per second of transfer beside it
 
     @property
     def cost(self) -> LinkCost:
@@ -241,8 +241,6 @@ def fit_calibration(points: Mapping[int, Sequence[float]], *, framework: str, mo
                           bandwidth or "", latency or "")
 
 
-
-
 def fit_contention(probe: Mapping | None, scheme: Mapping | None, fit: CalibrationFit) -> float:
     """kappa from a contention probe: backward alone and with each gradient (`bytes`, in send
     order) sent at its ready time, in alternating rounds.  The model's own relation
@@ -256,8 +254,7 @@ def fit_contention(probe: Mapping | None, scheme: Mapping | None, fit: Calibrati
     t_w / t_a - 1 is the median over rounds of each round's pair: a shared 2-core VM drifts by
     tens of percent between seconds, and the two halves of a round see the same machine
     (four Horovod-gloo calibrations: 8-48% as a ratio of medians, 8-30% paired).  t_a:
-    median alone.  0 without
-    a probe or communication, clipped to [0, 1]."""
+    median alone.  0 without a probe or communication, clipped to [0, 1]."""
     if not probe or not probe.get("alone_s") or not probe.get("with_s"):
         return 0.0
     t_a = statistics.median(probe["alone_s"])
@@ -378,8 +375,8 @@ def format_points(fit: CalibrationFit, points: Mapping[int, Sequence[float]]) ->
                  f"relative rms error {fit.rel_rmse * 100:.1f} %")
     lines.append(f"# {fit.algorithm}: alpha = {fit.alpha_s * 1e6:.2f} us, beta = {fit.beta_s_per_byte * 1e9:.4f} ns/B "
                  f"({link_gbps(fit.beta_s_per_byte)}), gamma = {fit.gamma_s_per_byte * 1e9:.4f} ns/B")
-    lines.append(f"# contention: kappa = {fit.contention:.2f} (share of overlapped transfer time taken "
-                 "from compute)")
+    lines.append(f"# contention: kappa = {fit.contention:.2f} (backward seconds lost per second of "
+                 "transfer beside it)")
     return "\n".join(lines)
 
 

@@ -32,8 +32,8 @@ from launchers.envs import reexec_in_host_env
 
 SIZE = re.compile(r"([0-9]+)\s*(|K|M|G|KB|MB|GB|KiB|MiB|GiB|k|kB)", re.IGNORECASE)
 CALIBRATION_MODEL = "alexnet-tiny"  # the trainer needs a network; the smallest that builds fast
-# The contention calibration's compute step: a batch whose kernels, not Python, fill the cores
-# (at batch 1 the step is mostly interpreter overhead, which the stream's thread shares).
+# The contention probe's backward: a batch whose kernels, not the interpreter, fill the cores
+# (at batch 1 a step is mostly Python overhead, nothing like a training step's).
 CALIBRATION_BATCH = 16
 
 

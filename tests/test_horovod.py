@@ -191,7 +191,7 @@ def test_measured_overlap_of_fused_allreduce_with_backward(tmp_path, horovod_pyt
         record = overlap_run(tmp_path / f"overlap{attempt}", horovod_python, "horovod", "gloo")
         assert record["extra"]["backend"] == "horovod-gloo"
         scheme = Scheme.from_dict(record["extra"]["comm_scheme"])  # the model can read it
-        assert scheme.overlap and scheme.merge == "greedy"
+        assert scheme.overlap and scheme.merge == "cycle"
         assert scheme.bucket_bytes == 128 * 2 ** 20
         assert record["extra"]["layer_backward_source"] == "hooks"  # measured per layer
         assert record["overlap"] is not None
