@@ -90,7 +90,7 @@ def reduction_times(sizes: list[int], repeats: int) -> dict[int, list[float]]:
 # --------------------------------------------------------------------------- contention
 
 def contention(trainer, rounds: int = CONTENTION_ROUNDS) -> dict | None:
-    """This rank's contention probe (`TorchTrainer.contention_probe`) for a scheme that
+    """This rank's contention probe (`Trainer.contention_probe`) for a scheme that
     overlaps; None where it does not overlap or the adapter has no probe."""
     scheme = trainer.comm_scheme() or {}
     if not scheme.get("overlap"):

@@ -459,6 +459,7 @@ class MXNetTrainer(Trainer):
     # 0.77 ms per small key with 20 in flight against 0.49 ms per key in googlenet-tiny's
     # iterations.
     MAX_CALIBRATION_ITERS = 128
+    PROBE_KEYS = 2_000_000  # the contention probe's keys, one per gradient, far from the others
 
     def __init__(self, spec, config: RunConfig, dist_info: DistInfo):
         super().__init__(spec, config, dist_info)
@@ -728,7 +729,7 @@ class MXNetTrainer(Trainer):
         buffers = []
         for index in range(len(grads)):
             buffer = mx.nd.zeros(grads[index].shape, ctx=self.contexts[0])
-            self.kv.init(2_000_000 + index, buffer)
+            self.kv.init(self.PROBE_KEYS + index, buffer)
             buffers.append(buffer)
         alone, beneath, ready = self.probe_rounds(
             lambda send: self._probe_backward(grads, buffers if send else None), rounds)
@@ -743,8 +744,8 @@ class MXNetTrainer(Trainer):
         self._backward(losses)
         if buffers is not None:
             for index, (grad, buffer) in enumerate(zip(grads, buffers)):
-                self.kv.push(2_000_000 + index, grad)
-                self.kv.pull(2_000_000 + index, out=buffer)
+                self.kv.push(self.PROBE_KEYS + index, grad)
+                self.kv.pull(self.PROBE_KEYS + index, out=buffer)
         ready = []
         for grad in grads:
             grad.wait_to_read()

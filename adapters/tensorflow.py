@@ -876,20 +876,15 @@ class StrategyTrainer(TensorFlowTrainer):
                 "granularity": "whole", "profile_granularity": "whole", "algorithm": "ring",
                 "transport": "nccl" if self.gpus else "grpc"}
 
-    def collective_times(self, sizes, repeats, warmup=2, iters=1):
+    def collective_call(self, nbytes):
         """The strategy's all-reduce (the profile's own compiled function) of one float32
-        tensor per size; each sample starts after a barrier and is the mean of `iters`
-        back-to-back calls. Each new size traces the function once (in the warm-up)."""
+        tensor; each new size traces the function once (in the calibration's warm-up)."""
         if self._allreduce is None or self.local_replicas > 1:
             raise NotImplementedError(f"tf:{self.config.mode} with {self.replicas} replica(s) in "
                                       f"{self.local_replicas} per process: calibrate 2+ workers "
                                       "of one replica each")
-        times = {}
-        for nbytes in sizes:
-            tensor = tf.zeros([max(1, int(nbytes) // 4)], tf.float32)
-            times[int(nbytes)] = self.time_collective(
-                lambda: self._allreduce([tensor]), repeats, warmup, iters)
-        return times
+        tensor = tf.zeros([max(1, int(nbytes) // 4)], tf.float32)
+        return lambda: self._allreduce([tensor])
 
 
 TRAINER = TensorFlowTrainer

@@ -258,7 +258,8 @@ def predict_record(record: dict, fits: list[CalibrationFit], baseline: dict | No
     profile, layer_source = built
     scheme, assumed = scheme_of(record)
     comm_time, basis, facts = comm_cost(record, scheme, profile, fits)
-    prediction = pm.predict(profile, scheme, comm_time, (facts or {}).get("contention", 0.0))
+    contention = (facts or {}).get("contention", 0.0)
+    prediction = pm.predict(profile, scheme, comm_time, contention)
     measured = record.get("iter_time_median")
     error = None if not measured else (prediction.iter_time - measured) / measured
     layer_times = layer_backward(record, profile.backward)[0]  # rescaled to the profile's backward
@@ -267,8 +268,7 @@ def predict_record(record: dict, fits: list[CalibrationFit], baseline: dict | No
             "comm_exposed_s": prediction.comm_exposed, "backward_comm_s": prediction.backward_comm,
             "hidden_fraction": prediction.hidden_fraction, "timeline": _timeline(profile, prediction, layer_times)}
     if baseline is not None and int(record.get("world_size") or 1) > 1:
-        info.update(_from_single_worker(record, baseline, scheme, comm_time,
-                                        (facts or {}).get("contention", 0.0)))
+        info.update(_from_single_worker(record, baseline, scheme, comm_time, contention))
     return {"run_id": record["run_id"], "predicted_iter_time": prediction.iter_time,
             "prediction_error": error, "phases": prediction.phases, "prediction": info}
 

@@ -154,8 +154,9 @@ def calibration_run(out: Path, python: str, framework: str, mode: str,
                     sizes: tuple[int, ...] = (4096, 4 * 2 ** 20), repeats: int = 3,
                     servers: int = 0) -> dict[int, list[float]]:
     """A real 2-rank calibration through the framework's own communication stack, as
-    `launchers.calibrate` starts it (small sizes as up to 20 back-to-back messages, 1 MiB per
-    sample); returns seconds per message for each size and prints the fastest of each."""
+    `launchers.calibrate` starts it (small sizes as up to the adapter's MAX_CALIBRATION_ITERS
+    back-to-back messages, 1 MiB per sample); returns seconds per message for each size and
+    prints the fastest of each."""
     import json
 
     from adapters.base import RunConfig
@@ -177,7 +178,10 @@ def calibration_run(out: Path, python: str, framework: str, mode: str,
     return times
 
 
-def assert_contention_probe(out: Path, tensors: int) -> dict:
+ALEXNET_TINY_TENSORS = 16  # the calibration network: 8 layers with parameters, weight and bias
+
+
+def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS) -> dict:
     """The calibration record's contention probe (adapters/calibration.py): every round's
     backward alone and with a collective per parameter tensor, the ready times of the
     `tensors` parameter tensors in order, and a kappa the model can use."""
