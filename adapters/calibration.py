@@ -42,13 +42,7 @@ def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
     warmup = int(config.calibrate.get("warmup", 2))
     trainer.collective_times(sizes[:1], 1, max(warmup, 5))  # first calls set up connections: not timed
     loop_bytes = int(config.calibrate.get("loop_bytes", 2 ** 20))
-    if loop_bytes > 0 and "iters" in inspect.signature(trainer.collective_times).parameters:
-        collective = {}  # back-to-back calls per sample, up to about loop_bytes per sample
-        for size in sizes:
-            iters = max(1, min(trainer.MAX_CALIBRATION_ITERS, loop_bytes // max(size, 1)))
-            collective.update(trainer.collective_times([size], repeats, warmup, iters=iters))
-    else:
-        collective = trainer.collective_times(sizes, repeats, warmup)
+    collective = collective_samples(trainer, sizes, repeats, warmup, loop_bytes)
     result = {"collective": {str(k): v for k, v in collective.items()}}
     if config.device == "cpu" and config.calibrate.get("reduction", True):
         result["reduction"] = {str(k): v for k, v in reduction_times(sizes, repeats).items()}
@@ -69,6 +63,32 @@ def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
         "comm_scheme": trainer.comm_scheme(), "collective": slowest, "loop_bytes": loop_bytes,
         "reduction": ranks[0].get("reduction"), "contention": merged_contention(ranks),
         "env": environment(trainer.versions()), "device_name": trainer.device_name()})
+
+
+def collective_samples(trainer, sizes: list[int], repeats: int, warmup: int,
+                       loop_bytes: int) -> dict[int, list[float]]:
+    """`repeats` samples per size of the scheme's collective, taken in rounds: each round
+    times every size once (the warm-up calls in the first), so sample i of every size comes
+    from round i on every rank.  A burst of load on a shared machine then spoils a few
+    samples of every size, which the per-size median drops, instead of every sample of a few
+    neighbouring sizes, which bends the fit: one TF calibration timed 512 KiB-4 MiB 2.5x
+    slow in all ten back-to-back repeats (fit alpha 4.5 ms, rms 28%, against 3.1 ms, 12%,
+    a minute later), and the predictions built on it missed by up to 23%.
+
+    Where the adapter's `collective_times` takes `iters`, a sample is the mean of
+    back-to-back calls adding up to about `loop_bytes` (at most MAX_CALIBRATION_ITERS)."""
+    per_call = loop_bytes > 0 and "iters" in inspect.signature(trainer.collective_times).parameters
+    samples: dict[int, list[float]] = {int(n): [] for n in sizes}
+    for round_ in range(repeats):
+        first = warmup if round_ == 0 else 0
+        if per_call:
+            for size in samples:
+                iters = max(1, min(trainer.MAX_CALIBRATION_ITERS, loop_bytes // max(size, 1)))
+                samples[size] += trainer.collective_times([size], 1, first, iters=iters)[size]
+        else:
+            for size, values in trainer.collective_times(list(samples), 1, first).items():
+                samples[int(size)] += values
+    return samples
 
 
 def reduction_times(sizes: list[int], repeats: int) -> dict[int, list[float]]:

@@ -669,9 +669,12 @@ class MXNetTrainer(Trainer):
                 "profile_granularity": "tensor", "transport": "ps-lite"}
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """Push then pull through the dist kvstore (the servers sum every worker's push) of
+        """Push and pull through the dist kvstore (the servers sum every worker's push) of
         `iters` float32 keys per size, all issued back to back and then waited for; each sample
-        starts after a kvstore barrier and is the time per key.
+        starts after a kvstore barrier and is the time per key. Each key goes by one
+        `kv.pushpull` with a falling priority, gluon.Trainer's call: a `push` then a `pull`
+        per key cost 0.5-0.6 ms per small key in flight against 0.42 ms with `pushpull`, and
+        an iteration's exchange measured 0.38-0.45 ms per key.
 
         One key per message, as backward sends them: the engine keeps the keys in flight at
         once, as it does a backward's gradients. Pushing and pulling one key `iters` times
@@ -703,9 +706,8 @@ class MXNetTrainer(Trainer):
             in_flight = keys[:count]
 
             def push_pull_all(in_flight=in_flight):
-                for key, buffer in in_flight:
-                    self.kv.push(key, buffer)
-                    self.kv.pull(key, out=buffer)
+                for position, (key, buffer) in enumerate(in_flight):
+                    self.kv.pushpull(key, buffer, out=buffer, priority=-position)
                 for _, buffer in in_flight:
                     buffer.wait_to_read()
 
@@ -743,9 +745,10 @@ class MXNetTrainer(Trainer):
         start = time.perf_counter()
         self._backward(losses)
         if buffers is not None:
+            last = len(grads) - 1
             for index, (grad, buffer) in enumerate(zip(grads, buffers)):
-                self.kv.push(self.PROBE_KEYS + index, grad)
-                self.kv.pull(self.PROBE_KEYS + index, out=buffer)
+                # gluon.Trainer's call: priority -i for parameter i (grads are in backward order)
+                self.kv.pushpull(self.PROBE_KEYS + index, grad, out=buffer, priority=index - last)
         ready = []
         for grad in grads:
             grad.wait_to_read()

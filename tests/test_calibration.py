@@ -231,3 +231,43 @@ def test_store_reads_calibrations_stored_before_contention_as_none(tmp_path):
         store._conn.execute("UPDATE calibration SET contention = NULL")
         store._conn.commit()
         assert store.calibration_fits()[0].contention == 0.0
+
+
+class RecordingTrainer:
+    """Just the calibration interface: `collective_times` logs each call (size, repeats,
+    warm-up, iters) and answers the time of call number k as k, so a sample shows when it was
+    taken."""
+
+    MAX_CALIBRATION_ITERS = 20
+
+    def __init__(self):
+        self.calls = []
+
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
+        out = {}
+        for size in sizes:
+            self.calls.append((size, repeats, warmup, iters))
+            out[size] = [float(len(self.calls))] * repeats
+        return out
+
+
+class RecordingTrainerWithoutIters(RecordingTrainer):
+    def collective_times(self, sizes, repeats, warmup=2):
+        return super().collective_times(sizes, repeats, warmup)
+
+
+@pytest.mark.parametrize("trainer_class", [RecordingTrainer, RecordingTrainerWithoutIters])
+def test_calibration_takes_each_repeat_as_a_round_over_every_size(trainer_class):
+    """Sample i of every size comes from round i (a burst of load spoils a few samples of
+    every size, not every sample of a few sizes); the warm-up is the first round's only;
+    back-to-back calls up to loop_bytes per sample where the adapter takes `iters`."""
+    from adapters.calibration import collective_samples
+
+    trainer = trainer_class()
+    sizes = [1024, 65536, 4 * 2 ** 20]
+    samples = collective_samples(trainer, sizes, repeats=3, warmup=2, loop_bytes=2 ** 20)
+    assert samples == {1024: [1.0, 4.0, 7.0], 65536: [2.0, 5.0, 8.0], 4 * 2 ** 20: [3.0, 6.0, 9.0]}
+    assert [warmup for _, _, warmup, _ in trainer.calls] == [2, 2, 2] + [0] * 6
+    assert all(repeats == 1 for _, repeats, _, _ in trainer.calls)
+    if trainer_class is RecordingTrainer:
+        assert [iters for _, _, _, iters in trainer.calls[:3]] == [20, 16, 1]

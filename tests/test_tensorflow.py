@@ -121,6 +121,48 @@ def test_nchw_refused_on_cpu_and_tf_data_decodes_like_pillow(tf_python):
     assert result["decode_max_diff"] <= 1 / 64 + 1e-6
 
 
+FUSED_PROFILE = r"""
+import json, time
+import numpy as np
+from adapters.base import DistInfo, RunConfig
+from adapters.tensorflow import TensorFlowTrainer
+from models import canonical_weights, get_model
+
+spec = get_model("alexnet-tiny")
+trainer = TensorFlowTrainer(spec, RunConfig(run_id="x", framework="tf", mode="collective",
+                                            model=spec.name, batch_per_worker=4), DistInfo())
+trainer.load_weights(canonical_weights(spec, 0))
+state = lambda: {**trainer.export_weights(), **{k + "/m": v.numpy() for k, v in trainer.slots.items()}}
+before = state()
+images, labels = next(trainer.batches)
+trainer._fused_local_step()(images, labels)
+after = state()
+fused = trainer._fused_local_step()
+
+def slow_fused(images, labels):  # the step's compute graph, 0.3 s slower than it is
+    time.sleep(0.3)
+    return fused(images, labels)
+
+trainer._fused_local_step = lambda: slow_fused
+phases = trainer.profile_step(False)
+print(json.dumps({"unchanged": all(np.array_equal(before[k], after[k]) for k in before),
+                  "phases": phases}))
+"""
+
+
+def test_profile_scales_backward_and_update_to_the_fused_local_graph(tf_python):
+    """The separated profile's forward + backward + update is the time of one graph of the
+    step's compute (forward, backward, pack, update), which runs on scratch copies and so
+    changes neither weights nor momenta; a fused graph made 0.3 s slower shows in the phases."""
+    result = tf_snippet(tf_python, FUSED_PROFILE)
+    assert result["unchanged"]
+    phases = result["phases"]
+    assert set(phases) == {"io", "h2d", "forward", "backward", "comm", "update"}
+    compute = phases["forward"] + phases["backward"] + phases["update"]
+    assert 0.3 <= compute < 1.0, phases
+    assert phases["backward"] > 0 and phases["update"] > 0 and phases["comm"] == 0.0
+
+
 def test_environment_has_tf_keras_without_the_full_tensorflow_wheel(tf_python):
     code = ("import importlib.metadata as m, json\n"
             "names = {d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()}\n"
