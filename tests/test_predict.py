@@ -345,9 +345,12 @@ def test_parse_latency(text, value):
 # Horovod over gloo 2-8% (with the calibrated contention and Horovod's cycles; 18-22% without),
 # real CNTK 1-8%, TF collective 3-10% (profile scaled to its fused local graph; 10-18%
 # before), MXNet dist_sync 5-7.5% (calibrated with gluon's pushpull; 15-21% with push + pull).
-# TF ps is predicted from its own measured push/pull (no calibration of it), so not here.
+# TF ps 3-9%, predicted from its own measured pull + push: its SyncReplicasOptimizer exchange
+# (accumulators, token queue, the chief's update on the servers) has no micro-benchmark, so it
+# is the one scheme held to the target without a calibration.
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi", "horovod:gloo",
-                       "tf:collective", "mxnet:dist_sync"]
+                       "tf:collective", "mxnet:dist_sync", "tf:ps"]
+UNCALIBRATED = {("TensorFlow", "ps")}  # (framework_label, mode) predicted from measured comm
 
 
 def schemes_to_hold() -> list[str]:
@@ -403,7 +406,9 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     print("\n" + tables.to_markdown(shown))
     summary = tables.prediction_summary(frame)
     print(tables.to_markdown(summary))
-    assert set(table["basis"]) == {"calibrated"}
+    expected = {key: predict.BASIS_MEASURED if key in UNCALIBRATED else "calibrated"
+                for key in zip(table["framework_label"], table["mode"])}
+    assert [expected[key] for key in zip(table["framework_label"], table["mode"])] == list(table["basis"])
     assert len(summary) == len(schemes)
     medians = {f"{label} ({mode})": statistics.median(rows["error_pct"].abs() / 100)
                for (label, mode), rows in table.groupby(["framework_label", "mode"])}
