@@ -341,10 +341,10 @@ def test_parse_latency(text, value):
 # --------------------------------------------------------------------------- the real thing
 
 # Measured on this machine kind (median |error| over the three tiny models, 2 ranks, 2-4
-# campaigns): DDP 3.5-10%, CNTK-style 4-11%, Caffe-MPI-style 9-14%, Horovod over MPI 2-10%,
+# campaigns): DDP 3.5-11.5%, CNTK-style 4-11%, Caffe-MPI-style 9-14%, Horovod over MPI 2-10%,
 # Horovod over gloo 2-8% (with the calibrated contention and Horovod's cycles; 18-22% without),
 # real CNTK 1-8%, TF collective 3-10% (profile scaled to its fused local graph; 10-18%
-# before), MXNet dist_sync 5-7.5% (calibrated with gluon's pushpull; 15-21% with push + pull).
+# before), MXNet dist_sync 5-8% (calibrated with gluon's pushpull; 15-21% with push + pull).
 # TF ps 3-9%, predicted from its own measured pull + push: its SyncReplicasOptimizer exchange
 # (accumulators, token queue, the chief's update on the servers) has no micro-benchmark, so it
 # is the one scheme held to the target without a calibration.
