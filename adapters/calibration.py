@@ -79,12 +79,12 @@ def collective_samples(trainer, sizes: list[int], repeats: int, warmup: int,
     back-to-back calls adding up to about `loop_bytes` (at most MAX_CALIBRATION_ITERS)."""
     per_call = loop_bytes > 0 and "iters" in inspect.signature(trainer.collective_times).parameters
     samples: dict[int, list[float]] = {int(n): [] for n in sizes}
+    iters = {size: max(1, min(trainer.MAX_CALIBRATION_ITERS, loop_bytes // max(size, 1))) for size in samples}
     for round_ in range(repeats):
         first = warmup if round_ == 0 else 0
         if per_call:
             for size in samples:
-                iters = max(1, min(trainer.MAX_CALIBRATION_ITERS, loop_bytes // max(size, 1)))
-                samples[size] += trainer.collective_times([size], 1, first, iters=iters)[size]
+                samples[size] += trainer.collective_times([size], 1, first, iters=iters[size])[size]
         else:
             for size, values in trainer.collective_times(list(samples), 1, first).items():
                 samples[int(size)] += values

@@ -835,11 +835,10 @@ class StrategyTrainer(TensorFlowTrainer):
         self._fused_local_step()(images, labels)
         timer.lap("fused")
         laps = timer.laps
-        separate = laps["backward"] + laps["update"]
+        fused, separate = laps.pop("fused"), laps["backward"] + laps["update"]
         if separate > 0:
-            scale = max(0.0, laps.pop("fused") - laps["forward"]) / separate
+            scale = max(0.0, fused - laps["forward"]) / separate
             laps["backward"], laps["update"] = laps["backward"] * scale, laps["update"] * scale
-        laps.pop("fused", None)
         self._update_seconds = laps["update"]
         self._loss = loss
         return laps
