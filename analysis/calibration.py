@@ -241,6 +241,49 @@ def fit_calibration(points: Mapping[int, Sequence[float]], *, framework: str, mo
                           bandwidth or "", latency or "")
 
 
+# --------------------------------------------------------------------------- bracketing
+
+def pool_samples(*samples: Mapping[int, Sequence[float]] | None) -> dict[int, list[float]]:
+    """Each size's timings from several calibrations of one transport, concatenated.
+
+    `compare --calibrate` calibrates each scheme before its runs and again after them and fits
+    the pooled timings: on a shared machine a whole calibration (30-60 s) can fall in a slow
+    stretch (one MXNet calibration fitted a = 740 us per key where eleven others fitted 445-561
+    us, and the predictions of its runs missed by 21%), which a second calibration minutes later halves; and the
+    pooled fit describes the span the runs were measured in, not only its first minute."""
+    pooled: dict[int, list[float]] = {}
+    for points in samples:
+        for nbytes, values in (points or {}).items():
+            pooled.setdefault(int(nbytes), []).extend(float(v) for v in values)
+    return pooled
+
+
+def pool_probes(*probes: Mapping | None) -> dict | None:
+    """Contention probes of the same network taken at different times, as one probe: the
+    rounds concatenated (each round's alone and sending times stay a pair, as
+    `fit_contention` pairs them), the ready times the element-wise mean.  None unless every
+    probe is there and they timed the same gradients."""
+    if not probes or any(not p for p in probes) or len({tuple(p["bytes"]) for p in probes}) != 1:
+        return None
+    ready = [p.get("ready_s") or [] for p in probes]
+    return {"bytes": list(probes[0]["bytes"]),
+            "alone_s": [t for p in probes for t in p["alone_s"]],
+            "with_s": [t for p in probes for t in p["with_s"]],
+            "ready_s": ([statistics.fmean(times) for times in zip(*ready)]
+                        if all(len(r) == len(ready[0]) for r in ready) else ready[0])}
+
+
+def drift_line(before: CalibrationFit, after: CalibrationFit) -> str:
+    """How a transport moved between two calibrations: the fitted per-message cost a and
+    per-byte cost b, before -> after and the change in percent."""
+    def change(old: float, new: float) -> str:
+        return f"{(new / old - 1) * 100:+.0f}%" if old > 0 else "n/a"
+
+    return (f"a {before.fit_a_s * 1e6:.1f} -> {after.fit_a_s * 1e6:.1f} us "
+            f"({change(before.fit_a_s, after.fit_a_s)}), b {before.fit_b_s_per_byte * 1e9:.3f} -> "
+            f"{after.fit_b_s_per_byte * 1e9:.3f} ns/B ({change(before.fit_b_s_per_byte, after.fit_b_s_per_byte)})")
+
+
 def fit_contention(probe: Mapping | None, scheme: Mapping | None, fit: CalibrationFit) -> float:
     """kappa from a contention probe: backward alone and with each gradient (`bytes`, in send
     order) sent at its ready time, in alternating rounds.  The model's own relation

@@ -448,11 +448,13 @@ class ResultStore:
 
     def calibration_frame(self):
         """One row per stored calibration as a pandas DataFrame (columns of `calibrations`
-        without env and extra)."""
+        without env and extra, plus ``windows``: the own fit of each calibration pooled into
+        it, a list of {measured_at, fit_a_s, fit_b_s_per_byte}; empty in older stores)."""
         import pandas as pd
 
-        rows = [{k: v for k, v in row.items() if k not in ("env", "extra")} for row in self.calibrations()]
-        return pd.DataFrame(rows, columns=["calibration_id", *CALIBRATION_COLUMNS, "measured_at"])
+        rows = [{**{k: v for k, v in row.items() if k not in ("env", "extra")},
+                 "windows": row["extra"].get("windows") or []} for row in self.calibrations()]
+        return pd.DataFrame(rows, columns=["calibration_id", *CALIBRATION_COLUMNS, "measured_at", "windows"])
 
 
     def _query(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:

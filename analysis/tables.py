@@ -416,7 +416,7 @@ PREDICTION_SUMMARY_COLUMNS: list[str] = [
 CALIBRATION_TABLE_COLUMNS: list[str] = [
     "framework", "mode", "transport", "algorithm", "device_kind", "nodes", "world_size", "alpha_us",
     "beta_ns_per_byte", "link_gbit_s", "gamma_ns_per_byte", "fit_a_us", "fit_b_ns_per_byte", "rel_rmse_pct",
-    "n_sizes", "repeats", "measured_at"]
+    "n_sizes", "repeats", "measured_at", "windows", "drift_a_pct", "drift_b_pct"]
 
 
 def prediction_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -483,10 +483,18 @@ def prediction_summary(frame: pd.DataFrame) -> pd.DataFrame:
 def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
     """The stored calibrations (`ResultStore.calibration_frame`) in readable units: link-level
     alpha (us), beta (ns/B and as a link speed), gamma, and the fitted whole-collective
-    T(n) = a + b n with its relative rms error."""
+    T(n) = a + b n with its relative rms error.  A calibration pooled from several (`compare
+    --calibrate` calibrates before and after its runs) shows how many, and how far the last
+    one's own a and b moved from the first's (drift, %)."""
     if calibrations is None or calibrations.empty:
         return pd.DataFrame(columns=CALIBRATION_TABLE_COLUMNS)
     c = calibrations
+    windows = c["windows"] if "windows" in c else pd.Series([[]] * len(c), index=c.index)
+
+    def drift(key):
+        return windows.map(lambda w: (w[-1][key] / w[0][key] - 1) * 100
+                           if len(w) > 1 and w[0][key] > 0 else float("nan"))
+
     table = pd.DataFrame({
         "framework": c["framework"], "mode": c["mode"], "transport": c["transport"], "algorithm": c["algorithm"],
         "device_kind": c["device_kind"], "nodes": c["nodes"], "world_size": c["world_size"],
@@ -494,7 +502,9 @@ def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
         "link_gbit_s": (8 / c["beta_s_per_byte"] / 1e9).where(c["beta_s_per_byte"] > 0),
         "gamma_ns_per_byte": c["gamma_s_per_byte"] * 1e9, "fit_a_us": c["fit_a_s"] * 1e6,
         "fit_b_ns_per_byte": c["fit_b_s_per_byte"] * 1e9, "rel_rmse_pct": c["rel_rmse"] * 100,
-        "n_sizes": c["n_sizes"], "repeats": c["repeats"], "measured_at": c["measured_at"]})
+        "n_sizes": c["n_sizes"], "repeats": c["repeats"], "measured_at": c["measured_at"],
+        "windows": windows.map(lambda w: max(1, len(w))), "drift_a_pct": drift("fit_a_s"),
+        "drift_b_pct": drift("fit_b_s_per_byte")})
     return table[CALIBRATION_TABLE_COLUMNS]
 
 

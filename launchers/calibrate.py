@@ -169,12 +169,14 @@ def fit_result(result: dict, info, mode: str, bandwidth: str | None = None, late
 
 
 def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False,
-              cluster=None) -> list[str]:
+              cluster=None, pool_since: str | None = None) -> list[str]:
     """Run, fit and store every calibration of `settings`; returns one line per failure.
 
     only_missing: skip framework/mode/topologies that already have a calibration stored.
     cluster: the transport placing the ranks (this machine when None); on an emulated cluster
     each bandwidth x latency of `settings` is calibrated on its own (links shaped first).
+    pool_since (an ISO time): calibrate again only what was stored since then, and store the
+    fit of both calibrations' timings pooled (`compare --calibrate`'s closing calibration).
     """
     from launchers.cluster import LocalCluster
 
@@ -187,33 +189,39 @@ def calibrate(settings: dict, pythons: dict[str, str], store, console, only_miss
             for workers in settings["workers"]:
                 for bandwidth, latency in links:
                     failures += calibrate_one(settings, pythons, store, console, only_missing, cluster,
-                                              info, mode, nodes, workers, bandwidth, latency)
+                                              info, mode, nodes, workers, bandwidth, latency, pool_since)
     return failures
 
 
 def calibrate_one(settings, pythons, store, console, only_missing, cluster, info, mode, nodes, workers,
-                  bandwidth, latency) -> list[str]:
+                  bandwidth, latency, pool_since=None) -> list[str]:
     """One framework, topology and link setting: run, fit, store; [] or [failure line]."""
     import datetime as dt
 
     from adapters.registry import framework_info
-    from analysis.calibration import format_points
+    from analysis.calibration import CalibrationFit, drift_line, format_points
     from launchers.envs import REPO_ROOT
     from launchers.local import run_local
 
     stored = {(c["framework"], c["mode"], c["device_kind"], c["nodes"], c["workers_per_node"],
-               c.get("bandwidth") or "", c.get("latency") or "") for c in store.calibrations()}
+               c.get("bandwidth") or "", c.get("latency") or ""): c for c in store.calibrations()}
     if nodes * workers < 2 and mode not in info.server_modes:
         return []
-    if only_missing and (info.name, mode, settings["device"], nodes, workers, bandwidth or "",
-                         latency or "") in stored:
+    previous = stored.get((info.name, mode, settings["device"], nodes, workers, bandwidth or "", latency or ""))
+    if pool_since is not None:  # the closing calibration: only what this campaign calibrated
+        if previous is None or (previous.get("measured_at") or "") < pool_since:
+            return []
+    elif only_missing and previous is not None:
         return []
+    else:
+        previous = None
     run = calibration_run(info, mode, nodes, workers, settings["servers"], settings, bandwidth, latency)
     Path(run.rank_dir).mkdir(parents=True, exist_ok=True)
     Path(run.record_path).unlink(missing_ok=True)
     links = "".join(f", {what} {value}" for what, value in (("bandwidth", bandwidth), ("latency", latency)) if value)
-    console.print(f"calibrating {info.name}:{mode} on {nodes}x{workers}{links} "
-                  f"({len(settings['sizes'])} sizes x {settings['repeats']} repeats) ...")
+    console.print(f"{'closing calibration of' if previous else 'calibrating'} {info.name}:{mode} on "
+                  f"{nodes}x{workers}{links} ({len(settings['sizes'])} sizes x {settings['repeats']} repeats)"
+                  f"{', pooled with the one before the runs' if previous else ''} ...")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if info.env not in pythons or (info.backend_env and info.backend_env not in pythons):
         failure = (f"{info.name}:{mode} {nodes}x{workers}: unavailable: its environment "
@@ -233,25 +241,56 @@ def calibrate_one(settings, pythons, store, console, only_missing, cluster, info
         console.print(f"[red]{failure}[/red]")
         return [failure]
     result = json.loads(record.read_text())
-    fit = fit_result(result, info, mode, bandwidth, latency)
+    alone = fit_result(result, info, mode, bandwidth, latency)
+    windows = [calibration_window(started, alone.fit_a_s, alone.fit_b_s_per_byte)]
+    if previous:
+        windows = (previous["extra"].get("windows") or [calibration_window(
+            previous["measured_at"], previous["fit_a_s"], previous["fit_b_s_per_byte"])]) + windows
+        result = pooled_result(result, previous, store)
+        started = previous["measured_at"]
+    fit = fit_result(result, info, mode, bandwidth, latency) if previous else alone
     points = {int(k): v for k, v in result["collective"].items()}
     store.add_calibration(fit, points, {int(k): v for k, v in (result.get("reduction") or {}).items()},
                           measured_at=started, env=result.get("env"),
                           extra={"comm_scheme": result.get("comm_scheme"),
                                  "loop_bytes": result.get("loop_bytes"),
                                  "contention": result.get("contention"),
-                                 "device_name": result.get("device_name"),
+                                 "device_name": result.get("device_name"), "windows": windows,
                                  "duration_s": outcome.duration_s, "cluster": settings.get("cluster", "local")})
     print(format_points(fit, points), flush=True)
+    if previous:
+        console.print(f"{info.name}:{mode} {nodes}x{workers}{links} after the runs: "
+                      f"{drift_line(CalibrationFit.from_row(previous), alone)}; the pooled fit is used")
     return []
 
 
+def calibration_window(measured_at: str, fit_a_s: float, fit_b_s_per_byte: float) -> dict:
+    """One calibration's own fit, kept beside a pooled one (the report's drift columns)."""
+    return {"measured_at": measured_at, "fit_a_s": fit_a_s, "fit_b_s_per_byte": fit_b_s_per_byte}
+
+
+def pooled_result(result: dict, previous: dict, store) -> dict:
+    """A calibration run's result with a stored calibration's timings (`store` row
+    `previous`) added: collective and reduction samples pooled per size, contention probes
+    pooled round by round (`analysis.calibration.pool_samples`, `pool_probes`)."""
+    from analysis.calibration import pool_probes, pool_samples
+
+    stored = {"collective": {}, "reduction": {}}
+    for point in store.calibration_points(previous["calibration_id"]):
+        stored[point["kind"]][int(point["bytes"])] = point["values"]
+    return {**result,
+            "collective": pool_samples(stored["collective"], result["collective"]),
+            "reduction": pool_samples(stored["reduction"], result.get("reduction")) or None,
+            "contention": pool_probes(previous["extra"].get("contention"), result.get("contention"))}
+
+
 def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, store, console,
-                       cluster=None) -> list[str]:
+                       cluster=None, pool_since: str | None = None) -> list[str]:
     """`compare --calibrate`: calibrate every framework of the campaign at each of its worker
     counts above one that has no calibration stored yet (default sizes, 10 repeats).
     Failures are printed and returned; the campaign goes on (its predictions then fall back
-    to the runs' measured communication)."""
+    to the runs' measured communication).  With `pool_since`, after the runs: calibrate again
+    what was calibrated since then and keep the fit of both timings pooled."""
     from analysis.calibration import default_sizes
 
     settings = {"frameworks": [(info, mode) for info, mode in campaign.frameworks if info.name not in unavailable],
@@ -259,7 +298,8 @@ def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, sto
                 "sizes": default_sizes(), "repeats": 10, "warmup": 2, "device": campaign.device,
                 "out": campaign.out, "timeout": campaign.timeout, "cluster": campaign.cluster,
                 "bandwidths": campaign.bandwidths, "latencies": campaign.latencies}
-    return calibrate(settings, pythons, store, console, only_missing=True, cluster=cluster)
+    return calibrate(settings, pythons, store, console, only_missing=True, cluster=cluster,
+                     pool_since=pool_since)
 
 
 def summary_lines(store) -> list[str]:

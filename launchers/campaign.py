@@ -19,7 +19,7 @@ from rich.table import Table
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
 from adapters.registry import framework_info
-from analysis.predict import predict_stored
+from analysis.predict import predict_stored, refresh_predictions
 from analysis.record import empty_record
 from launchers import plan as planning
 from launchers.envs import (REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home,
@@ -383,14 +383,19 @@ def run_campaign_cli(args, argv: list[str]) -> int:
     try:
         store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
         store.set_meta("settings", planning.campaign_summary(campaign))
-        if getattr(args, "calibrate", False):  # alpha, beta of each transport, where missing
+        calibrating = getattr(args, "calibrate", False)
+        if calibrating:  # alpha, beta of each transport, where missing
             from launchers.calibrate import calibrate_campaign
 
+            opened = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
         for note in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
                                   for latency in campaign.latencies)):
             console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
         records = run_all(campaign, pending, pythons, unavailable, store, cluster, containers)
+        if calibrating and records:  # the same again after the runs, pooled: see pool_samples
+            calibrate_campaign(campaign, pythons, unavailable, store, console, cluster, pool_since=opened)
+            refresh_predictions(store)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stored runs are kept; run the same command "
                       "again to resume[/yellow]")

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrate", action="store_true",
                         help="first fit the communication model's alpha, beta for every framework "
                              "and worker count without a stored calibration (python -m "
-                             "launchers.calibrate), so every prediction is calibrated")
+                             "launchers.calibrate), so every prediction is calibrated; after the "
+                             "runs, calibrate those again and predict with both pooled")
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
     parser.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)  # tests only
     return parser

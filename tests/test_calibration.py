@@ -12,6 +12,7 @@ import pytest
 
 from analysis import calibration as cal
 from analysis import perfmodel as pm
+from analysis import tables
 from analysis.store import ResultStore
 from tests.conftest import run_cli
 
@@ -271,3 +272,87 @@ def test_calibration_takes_each_repeat_as_a_round_over_every_size(trainer_class)
     assert all(repeats == 1 for _, repeats, _, _ in trainer.calls)
     if trainer_class is RecordingTrainer:
         assert [iters for _, _, _, iters in trainer.calls[:3]] == [20, 16, 1]
+
+
+# --------------------------------------------------------------------------- bracketing
+
+def test_pool_samples_and_probes():
+    assert cal.pool_samples({1024: [1.0, 2.0]}, None, {"1024": [3.0], 2048: [4.0]}) == {1024: [1.0, 2.0, 3.0],
+                                                                                        2048: [4.0]}
+    before = {"bytes": [8, 16], "alone_s": [1.0, 1.1], "with_s": [1.5, 1.6], "ready_s": [0.2, 0.9]}
+    after = {"bytes": [8, 16], "alone_s": [2.0], "with_s": [2.2], "ready_s": [0.4, 1.1], "rank_slowdown": [1.1]}
+    pooled = cal.pool_probes(before, after)
+    assert pooled["alone_s"] == [1.0, 1.1, 2.0] and pooled["with_s"] == [1.5, 1.6, 2.2]  # pairs kept
+    assert pooled["ready_s"] == pytest.approx([0.3, 1.0]) and pooled["bytes"] == [8, 16]
+    assert cal.pool_probes(before, None) is None  # one window without a probe: none
+    assert cal.pool_probes(before, {**after, "bytes": [8]}) is None  # another network
+
+
+def test_closing_calibration_pools_both_windows_through_the_store(tmp_path):
+    """What `compare --calibrate` does after the runs (launchers.calibrate.pooled_result): the
+    stored calibration's timings and probe plus the new ones, fitted together.  A first window
+    on a machine 60% slower per message and a second normal one fit a between the two."""
+    from launchers.calibrate import pooled_result
+
+    rng = random.Random(1)
+    normal = pm.LinkCost(alpha=250e-6, beta=1e-9)
+    slow = pm.LinkCost(alpha=400e-6, beta=1e-9)
+
+    def fit_of(points):
+        return cal.fit_calibration(points, framework="mxnet", mode="dist_sync", transport="ps-lite",
+                                   collective="pushpull", algorithm="ring", device_kind="cpu", nodes=1,
+                                   workers_per_node=2)
+
+    first, second = (synthetic_points(cost, 2, rng, sigma=0.02, outliers=0.0) for cost in (slow, normal))
+    probe = {"bytes": [4096] * 3, "alone_s": [0.010] * 7, "with_s": [0.012] * 7, "ready_s": [0.001, 0.004, 0.009]}
+    with ResultStore.for_campaign(tmp_path) as store:
+        store.add_calibration(fit_of(first), first, {1024: [1e-7]}, measured_at="t0", extra={"contention": probe})
+        previous = store.calibrations()[0]
+        pooled = pooled_result({"collective": {str(k): v for k, v in second.items()}, "reduction": {1024: [3e-7]},
+                                "contention": {**probe, "with_s": [0.014] * 7}}, previous, store)
+    assert all(len(pooled["collective"][n]) == 20 for n in SIZES)
+    assert pooled["reduction"] == {1024: [1e-7, 3e-7]}
+    assert pooled["contention"]["with_s"] == [0.012] * 7 + [0.014] * 7
+    a = fit_of(pooled["collective"]).fit_a_s
+    assert fit_of(second).fit_a_s < a < fit_of(first).fit_a_s
+    line = cal.drift_line(fit_of(first), fit_of(second))
+    assert line.startswith("a 80") and "-3" in line.split("(")[1], line  # 800 -> 500 us: -37%
+    windows = [{"measured_at": "t0", "fit_a_s": 800e-6, "fit_b_s_per_byte": 1e-9},
+               {"measured_at": "t1", "fit_a_s": 500e-6, "fit_b_s_per_byte": 1.1e-9}]
+    with ResultStore.for_campaign(tmp_path) as store:
+        store.add_calibration(fit_of(pooled["collective"]), pooled["collective"], extra={"windows": windows})
+        shown = tables.calibration_table(store.calibration_frame()).iloc[0]
+    assert shown["windows"] == 2 and shown["repeats"] == 20
+    assert shown["drift_a_pct"] == pytest.approx(-37.5) and shown["drift_b_pct"] == pytest.approx(10.0)
+
+
+def store_frame(out):
+    with ResultStore.for_campaign(out, create=False) as store:
+        return store.calibration_frame()
+
+
+@pytest.mark.slow
+def test_compare_calibrate_brackets_the_runs_and_pools_the_two_calibrations(tmp_path):
+    """`compare --calibrate` calibrates before the runs and again after them; the stored fit
+    has both calibrations' timings (20 per size), both windows, and the runs' predictions are
+    made with it."""
+    out = tmp_path / "bracket"
+    result = run_cli("launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny", "--workers", "2",
+                     "--iterations", "2", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1",
+                     "--calibrate", "--out", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.index("calibrating torch:ddp") < result.stderr.index("closing calibration of torch:ddp")
+    assert "torch:ddp 1x2 after the runs: a " in result.stderr, result.stderr[-3000:]
+    with ResultStore.for_campaign(out, create=False) as store:
+        (row,) = store.calibrations()
+        points = store.calibration_points(row["calibration_id"])
+        (run,) = store.records()
+    assert row["repeats"] == 20 and all(p["repeats"] == 20 for p in points if p["kind"] == "collective")
+    windows = row["extra"]["windows"]
+    assert len(windows) == 2 and row["measured_at"] == windows[0]["measured_at"] < windows[1]["measured_at"]
+    (shown,) = tables.calibration_table(store_frame(out)).to_dict("records")
+    assert shown["windows"] == 2 and shown["drift_a_pct"] == pytest.approx(
+        (windows[1]["fit_a_s"] / windows[0]["fit_a_s"] - 1) * 100)
+    assert len(row["extra"]["contention"]["alone_s"]) == 2 * 21
+    assert run["extra"]["prediction"]["basis"] == "calibrated"
+    assert run["extra"]["prediction"]["calibration"]["alpha_s"] == pytest.approx(row["alpha_s"])
