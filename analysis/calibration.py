@@ -248,9 +248,10 @@ def pool_samples(*samples: Mapping[int, Sequence[float]] | None) -> dict[int, li
 
     `compare --calibrate` calibrates each scheme before its runs and again after them and fits
     the pooled timings: on a shared machine a whole calibration (30-60 s) can fall in a slow
-    stretch (one MXNet calibration fitted a = 740 us per key where eleven others fitted 445-561
-    us, and the predictions of its runs missed by 21%), which a second calibration minutes later halves; and the
-    pooled fit describes the span the runs were measured in, not only its first minute."""
+    stretch (one MXNet calibration fitted a = 740 us per key where eleven others fitted
+    445-561 us, and the predictions of its runs missed by 21%); a second one minutes later
+    halves such a bias, and the pooled fit describes the span the runs were measured in, not
+    only its first minute."""
     pooled: dict[int, list[float]] = {}
     for points in samples:
         for nbytes, values in (points or {}).items():
