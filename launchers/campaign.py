@@ -19,7 +19,7 @@ from rich.table import Table
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
 from adapters.registry import framework_info
-from analysis.predict import predict_stored, refresh_predictions
+from analysis.predict import predict_stored
 from analysis.record import empty_record
 from launchers import plan as planning
 from launchers.envs import (REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home,
@@ -393,9 +393,9 @@ def run_campaign_cli(args, argv: list[str]) -> int:
                                   for latency in campaign.latencies)):
             console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
         records = run_all(campaign, pending, pythons, unavailable, store, cluster, containers)
-        if calibrating and records:  # the same again after the runs, pooled: see pool_samples
+        if calibrating and records:  # the same again after the runs, pooled (see pool_samples);
+            # build_report below re-predicts every run with the pooled fits
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster, pool_since=opened)
-            refresh_predictions(store)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stored runs are kept; run the same command "
                       "again to resume[/yellow]")

@@ -387,6 +387,13 @@ LIMIT = 0.15
 OVERLOADED = 2.0  # 5-min load average per CPU above which other work competes with the ranks
 
 
+def loopback_campaign(frameworks: str, out: Path):
+    """`compare --calibrate` of `frameworks` over the tiny models on 2 loopback ranks."""
+    return run_cli("launchers.compare", "--frameworks", frameworks, "--model", LOOPBACK_MODELS, "--workers", "2",
+                   "--out", str(out), "--iterations", "10", "--repeats", "7", "--warmup", "3",
+                   "--profile-iterations", "21", "--calibrate", timeout=3600)
+
+
 @pytest.mark.slow
 def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     """Calibrate every synchronous scheme on 2 loopback ranks (torch with the calibrate CLI,
@@ -405,9 +412,7 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
                          "--out", str(out), "--repeats", "8", timeout=1800)
     assert calibrated.returncode == 0, calibrated.stderr[-3000:]
     assert "algbw(GB/s)" in calibrated.stdout and "busbw(GB/s)" in calibrated.stdout
-    result = run_cli("launchers.compare", "--frameworks", frameworks, "--model", LOOPBACK_MODELS, "--workers", "2",
-                     "--out", str(out), "--iterations", "10", "--repeats", "7", "--warmup", "3",
-                     "--profile-iterations", "21", "--calibrate", timeout=3600)
+    result = loopback_campaign(frameworks, out)
     assert result.returncode == 0, result.stderr[-3000:]
     assert calibration_line(schemes[0]) not in result.stderr  # stored: not redone
     assert all(calibration_line(name) in result.stderr for name in schemes[1:]), result.stderr[-3000:]
@@ -437,9 +442,7 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
         # missed get one more calibration and campaign of their own, and must meet it there.
         print(f"re-measuring {', '.join(failing)}: " + "; ".join(f"{s} {medians[s]:.1%}" for s in failing))
         again = tmp_path_factory.mktemp("model") / "again"
-        rerun = run_cli("launchers.compare", "--frameworks", ",".join(failing), "--model", LOOPBACK_MODELS,
-                        "--workers", "2", "--out", str(again), "--iterations", "10", "--repeats", "7",
-                        "--warmup", "3", "--profile-iterations", "21", "--calibrate", timeout=3600)
+        rerun = loopback_campaign(",".join(failing), again)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         with ResultStore.for_campaign(again, create=False) as store:
             retable = tables.prediction_table(store.runs_frame())
