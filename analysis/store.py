@@ -34,7 +34,7 @@ import math
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from analysis.calibration import CalibrationFit
 from analysis.record import PHASES, RUN_COLUMNS, RUN_FIELDS, STATUSES
@@ -68,6 +68,12 @@ CALIBRATION_COLUMNS: tuple[str, ...] = tuple(name for name, _ in CALIBRATION_FIE
 # A calibration of the same key replaces the previous one.
 CALIBRATION_KEY: tuple[str, ...] = ("framework", "mode", "device_kind", "nodes", "workers_per_node", "servers",
                                      "bandwidth", "latency")
+
+
+def calibration_key(row: Mapping[str, Any]) -> tuple:
+    """A calibration's identity: its CALIBRATION_KEY values, a missing one as '' (the store
+    compares them the same way when a new calibration replaces an old one)."""
+    return tuple("" if row.get(name) is None else row[name] for name in CALIBRATION_KEY)
 
 
 class StoreError(Exception):

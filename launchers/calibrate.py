@@ -200,14 +200,17 @@ def calibrate_one(settings, pythons, store, console, only_missing, cluster, info
 
     from adapters.registry import framework_info
     from analysis.calibration import CalibrationFit, drift_line, format_points
+    from analysis.store import calibration_key
     from launchers.envs import REPO_ROOT
     from launchers.local import run_local
 
-    stored = {(c["framework"], c["mode"], c["device_kind"], c["nodes"], c["workers_per_node"],
-               c.get("bandwidth") or "", c.get("latency") or ""): c for c in store.calibrations()}
     if nodes * workers < 2 and mode not in info.server_modes:
         return []
-    previous = stored.get((info.name, mode, settings["device"], nodes, workers, bandwidth or "", latency or ""))
+    run = calibration_run(info, mode, nodes, workers, settings["servers"], settings, bandwidth, latency)
+    stored = {calibration_key(c): c for c in store.calibrations()}
+    previous = stored.get(calibration_key({
+        "framework": info.name, "mode": mode, "device_kind": settings["device"], "nodes": nodes,
+        "workers_per_node": workers, "servers": run.servers, "bandwidth": bandwidth, "latency": latency}))
     if pool_since is not None:  # the closing calibration: only what this campaign calibrated
         if previous is None or (previous.get("measured_at") or "") < pool_since:
             return []
@@ -215,7 +218,6 @@ def calibrate_one(settings, pythons, store, console, only_missing, cluster, info
         return []
     else:
         previous = None
-    run = calibration_run(info, mode, nodes, workers, settings["servers"], settings, bandwidth, latency)
     Path(run.rank_dir).mkdir(parents=True, exist_ok=True)
     Path(run.record_path).unlink(missing_ok=True)
     links = "".join(f", {what} {value}" for what, value in (("bandwidth", bandwidth), ("latency", latency)) if value)

@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from rich.console import Console
 
 from analysis import calibration as cal
 from analysis import perfmodel as pm
@@ -324,6 +325,32 @@ def test_closing_calibration_pools_both_windows_through_the_store(tmp_path):
         shown = tables.calibration_table(store.calibration_frame()).iloc[0]
     assert shown["windows"] == 2 and shown["repeats"] == 20
     assert shown["drift_a_pct"] == pytest.approx(-37.5) and shown["drift_b_pct"] == pytest.approx(10.0)
+
+
+def test_closing_calibration_finds_the_one_before_by_the_stores_whole_key(tmp_path):
+    """`calibrate_one` looks the calibration before the runs up by the store's key, servers
+    included: an MXNet calibration with 2 servers is not the one to pool with a campaign's
+    1-server calibration (it returns at once, having nothing of its own to close), while the
+    1-server one is (it goes on, here to a one-line failure: no environment given)."""
+    from adapters.registry import framework_info
+    from launchers.calibrate import calibrate_one
+
+    points = synthetic_points(pm.LinkCost(alpha=250e-6, beta=1e-9), 2, random.Random(2), sigma=0.02, outliers=0.0)
+    settings = {"servers": 1, "device": "cpu", "out": tmp_path, "sizes": SIZES, "repeats": 10, "warmup": 1,
+                "timeout": 60}
+
+    def close(servers):
+        with ResultStore.for_campaign(tmp_path) as store:
+            fit = cal.fit_calibration(points, framework="mxnet", mode="dist_sync", transport="ps-lite",
+                                      collective="pushpull", algorithm="ps", device_kind="cpu", nodes=1,
+                                      workers_per_node=2, servers=servers)
+            store.add_calibration(fit, points, measured_at="2026-12-03T10:00:00+00:00")
+            return calibrate_one(settings, {}, store, Console(quiet=True), False, None, framework_info("mxnet"),
+                                 "dist_sync", 1, 2, None, None, pool_since="2026-12-03T09:00:00+00:00")
+
+    assert close(servers=2) == []
+    failure = close(servers=1)
+    assert len(failure) == 1 and "unavailable" in failure[0], failure
 
 
 def store_frame(out):
