@@ -350,7 +350,7 @@ class ResultStore:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
                     old = [r[0] for r in self._conn.execute(
-                        f"SELECT calibration_id FROM calibration WHERE {key}", tuple(row[k] for k in CALIBRATION_KEY))]
+                        f"SELECT calibration_id FROM calibration WHERE {key}", calibration_key(row))]
                     for calibration_id in old:
                         self._conn.execute("DELETE FROM calibration_points WHERE calibration_id = ?", (calibration_id,))
                         self._conn.execute("DELETE FROM calibration WHERE calibration_id = ?", (calibration_id,))
