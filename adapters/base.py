@@ -236,26 +236,29 @@ class Trainer(abc.ABC):
     def contention_probe(self, rounds: int) -> dict:
         """Calibration of a scheme that overlaps: the communication-free backward timed alone
         and with every gradient sent through the framework's own asynchronous path as it
-        appears ({"bytes": per tensor, "alone_s", "with_s", "ready_s": per tensor}, in send
-        order; see `adapters/calibration.py`).  NotImplementedError where the adapter has none: the
-        model then assumes communication takes nothing from backward."""
+        appears ({"bytes": per tensor, "alone_s", "with_s", "done_s": per round, "ready_s": per
+        tensor}, in send order; see `adapters/calibration.py`).  NotImplementedError where the
+        adapter has none: the model then assumes communication takes nothing from backward."""
         raise NotImplementedError(f"{type(self).__name__} has no contention probe")
 
-    def probe_rounds(self, backward_once, rounds: int) -> tuple[list[float], list[float], object]:
-        """`contention_probe`'s loop: `backward_once(send)` -> (seconds, ready) alone
-        (send=False) and sending (True), alternating after a barrier each, one untimed round
-        first; returns the alone and sending seconds and the ready times of the median alone
-        run."""
-        alone, beneath, ready = [], [], []
+    def probe_rounds(self, backward_once, rounds: int) -> dict:
+        """`contention_probe`'s loop: `backward_once(send)` -> (seconds until backward ended,
+        ready times, seconds until the exchange was back) alone (send=False) and sending
+        (True), alternating after a barrier each, one untimed round first.  Returns
+        "alone_s", "with_s" (backward's end) and "done_s" (the exchange's end) of the sending
+        rounds, and "ready" of the median alone round."""
+        alone, beneath, done, ready = [], [], [], []
         for _ in range(rounds + 1):
             self.barrier()
-            seconds, stamps = backward_once(False)
+            seconds, stamps, _ = backward_once(False)
             alone.append(seconds)
             ready.append(stamps)
             self.barrier()
-            beneath.append(backward_once(True)[0])
+            seconds, _, back = backward_once(True)
+            beneath.append(seconds)
+            done.append(back)
         median_run = sorted(range(1, rounds + 1), key=lambda i: alone[i])[rounds // 2]
-        return alone[1:], beneath[1:], ready[median_run]
+        return {"alone_s": alone[1:], "with_s": beneath[1:], "done_s": done[1:], "ready": ready[median_run]}
 
     def time_collective(self, call, repeats: int, warmup: int, iters: int) -> list[float]:
         """`collective_times`' samples of one message: `warmup` untimed calls (connections,

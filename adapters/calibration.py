@@ -6,13 +6,13 @@ know about a scheme's communication stack, measured through the framework itself
   `analysis.calibration`.
 - **reduction** (CPU): a local float32 sum per size, the model's gamma.
 - **contention** (schemes that overlap): how much the communication running beside backward
-  slows backward down.  The probe (`Trainer.contention_probe`) times the calibration
-  network's communication-free backward alone and with each gradient sent as it appears (as
-  WFBP hooks and MXNet's engine send them), through the framework's own asynchronous path,
-  in alternating rounds; `analysis.calibration.fit_contention` turns the two into the
-  model's kappa.  On a CPU host whose cores the ranks' compute already fills, communication
-  is CPU work too and cannot hide for free; on a GPU whose collectives run on their own
-  engines kappa is near 0.
+  and backward slow each other down.  The probe (`Trainer.contention_probe`) times the
+  calibration network's communication-free backward alone and with each gradient sent as it
+  appears (as WFBP hooks and MXNet's engine send them), through the framework's own
+  asynchronous path, in alternating rounds, and when that exchange was back;
+  `analysis.calibration.fit_contention` turns them into the model's kappa and kappa_c.  On a
+  CPU host whose cores the ranks' compute already fills, communication is CPU work too and
+  cannot hide for free; on a GPU whose collectives run on their own engines both are near 0.
 
 Every rank writes its file into the shared run directory; rank 0 merges them into the one
 calibration record.

@@ -719,10 +719,15 @@ class MXNetTrainer(Trainer):
         every gradient pushed (to a probe key of its shape) and pulled back the way
         gluon.Trainer does, the engine starting each push once backward has written that
         gradient; alternating, `rounds` of each after one of each untimed. Backward ends when
-        every gradient can be read; the pulls are waited for afterwards. The alone run's ready
-        times come from waiting on the gradients in backward order. (Pushing a 64 KiB buffer
-        made to depend on each gradient instead slowed backward 13% where the gradients
-        themselves slow it 2-3x: the servers' updater and ps-lite copy what is pushed.)"""
+        every gradient is written, which a one-element copy of each gradient, queued behind
+        backward before the push, marks: waiting on the gradient itself would wait for the
+        exchange too, since on a CPU context the kvstore pulls into the pushed array (its
+        `comm_buf_` is the gradient), which had each round's backward end with its exchange
+        and fitted contention to 1 (the most) in every campaign where backward itself had
+        slowed far less. The ready times are the marks' in backward order; the exchange
+        ends when the pulls are back. (Pushing a 64 KiB buffer made to depend
+        on each gradient instead slowed backward 13% where the gradients themselves slow it
+        2-3x: the servers' updater and ps-lite copy what is pushed.)"""
         if not self.distributed:
             raise NotImplementedError("in-process modes send nothing beside backward")
         self._update_on_kvstore()  # the servers' updater on, as in an iteration
@@ -733,10 +738,10 @@ class MXNetTrainer(Trainer):
             buffer = mx.nd.zeros(grads[index].shape, ctx=self.contexts[0])
             self.kv.init(self.PROBE_KEYS + index, buffer)
             buffers.append(buffer)
-        alone, beneath, ready = self.probe_rounds(
-            lambda send: self._probe_backward(grads, buffers if send else None), rounds)
-        return {"bytes": [int(g.size) * 4 for g in grads], "alone_s": alone, "with_s": beneath,
-                "ready_s": ready}
+        rounds_ = self.probe_rounds(lambda send: self._probe_backward(grads, buffers if send else None),
+                                    rounds)
+        ready = rounds_.pop("ready")
+        return {"bytes": [int(g.size) * 4 for g in grads], **rounds_, "ready_s": ready}
 
     def _probe_backward(self, grads, buffers):
         data, labels = self._to_devices(next(self.batches))
@@ -744,18 +749,20 @@ class MXNetTrainer(Trainer):
         mx.nd.waitall()
         start = time.perf_counter()
         self._backward(losses)
+        # read by the engine once backward wrote the gradient, before the pull writes it
+        marks = [grad.reshape((-1,))[:1].copy() for grad in grads]
         if buffers is not None:
             last = len(grads) - 1
             for index, (grad, buffer) in enumerate(zip(grads, buffers)):
                 # gluon.Trainer's call: priority -i for parameter i (grads are in backward order)
                 self.kv.pushpull(self.PROBE_KEYS + index, grad, out=buffer, priority=index - last)
         ready = []
-        for grad in grads:
-            grad.wait_to_read()
+        for mark in marks:
+            mark.wait_to_read()
             ready.append(time.perf_counter() - start)
         seconds = time.perf_counter() - start
         mx.nd.waitall()
-        return seconds, ready
+        return seconds, ready, time.perf_counter() - start
 
     # -- facts --------------------------------------------------------------------------------
     def _update_on_kvstore(self) -> bool:

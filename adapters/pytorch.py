@@ -397,20 +397,20 @@ class TorchTrainer(Trainer):
         backward of the separated profile, timed alone and with each parameter's gradient
         all-reduced (a copy, through `submit_collective`, not waited for) from a tensor hook
         the moment backward computes it, the way WFBP hooks submit gradients; alternating,
-        `rounds` of each after one of each untimed. Backward ends when backward_local returns;
-        the collectives are waited for afterwards and not counted. Returns the times, the
+        `rounds` of each after one of each untimed. Backward ends when backward_local returns,
+        the exchange once every collective has been waited for after it. Returns the times, the
         gradients' bytes and the alone run's hook times (from backward's start) in submit
         order, for `analysis.calibration.fit_contention`."""
         params = [p for _, p in self.network.leaves.named_parameters() if p.requires_grad]
-        alone, beneath, stamps = self.probe_rounds(lambda send: self._probe_backward(params, send), rounds)
-        order, ready = zip(*stamps)
+        rounds_ = self.probe_rounds(lambda send: self._probe_backward(params, send), rounds)
+        order, ready = zip(*rounds_.pop("ready"))
         return {"bytes": [params[i].numel() * params[i].element_size() for i in order],
-                "alone_s": alone, "with_s": beneath, "ready_s": list(ready)}
+                **rounds_, "ready_s": list(ready)}
 
-    def _probe_backward(self, params, submit: bool) -> tuple[float, list[tuple[int, float]]]:
+    def _probe_backward(self, params, submit: bool) -> tuple[float, list[tuple[int, float]], float]:
         """One forward and communication-free backward; with `submit`, a tensor hook per
         parameter all-reduces a copy of its gradient. (seconds, [(parameter index, hook time
-        from the start)] in hook order)."""
+        from the start)] in hook order, seconds until every collective was back)."""
         images, labels = self._to_device(*next(self.batches))
         stamps, handles = [], []
 
@@ -436,8 +436,9 @@ class TorchTrainer(Trainer):
                 hook.remove()
         for handle in handles:
             self.wait_collective(handle)
+        done = time.perf_counter() - start
         self.optimizer.zero_grad(set_to_none=True)
-        return seconds, [(index, t - start) for index, t in stamps]
+        return seconds, [(index, t - start) for index, t in stamps], done
 
 
 def allreduce_flat(grads: list, world_size: int) -> None:

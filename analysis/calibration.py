@@ -188,11 +188,17 @@ class CalibrationFit:
     repeats: int
     bandwidth: str = ""  # the emulated link it was measured on ("" unshaped / a real network)
     latency: str = ""
-    contention: float = 0.0  # kappa: backward seconds lost per second of transfer beside it
+    contention: float = 0.0  # kappa: the share of its pace backward loses while a transfer runs
+    transfer_contention: float = 0.0  # kappa_c: the share of its pace a transfer loses beside backward
 
     @property
     def cost(self) -> LinkCost:
         return LinkCost(self.alpha_s, self.beta_s_per_byte, self.gamma_s_per_byte)
+
+    @property
+    def shares(self) -> tuple[float, float]:
+        """(kappa, kappa_c), `perfmodel.predict`'s contention arguments."""
+        return self.contention or 0.0, self.transfer_contention or 0.0
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -201,7 +207,8 @@ class CalibrationFit:
     def from_row(cls, row: Mapping) -> "CalibrationFit":
         names = cls.__dataclass_fields__
         keys = set(row.keys())
-        defaults = {"bandwidth": "", "latency": "", "contention": 0.0}  # columns added later
+        defaults = {"bandwidth": "", "latency": "", "contention": 0.0,  # columns added later
+                    "transfer_contention": 0.0}
         return cls(**{k: defaults[k] if k in defaults and row[k] is None else row[k]
                       for k in names if k in keys})
 
@@ -261,15 +268,18 @@ def pool_samples(*samples: Mapping[int, Sequence[float]] | None) -> dict[int, li
 
 def pool_probes(*probes: Mapping | None) -> dict | None:
     """Contention probes of the same network taken at different times, as one probe: the
-    rounds concatenated (each round's alone and sending times stay a pair, as
-    `fit_contention` pairs them), the ready times the element-wise mean.  None unless every
+    rounds concatenated (each round's alone, sending and exchange times stay together, as
+    `fit_contention` pairs them; the exchange times only where every probe has them), the
+    ready times the element-wise mean.  None unless every
     probe is there and they timed the same gradients."""
     if not probes or any(not p for p in probes) or len({tuple(p["bytes"]) for p in probes}) != 1:
         return None
     ready = [p.get("ready_s") or [] for p in probes]
+    done = ({"done_s": [t for p in probes for t in p["done_s"]]}
+            if all(len(p.get("done_s") or []) == len(p["with_s"]) for p in probes) else {})
     return {"bytes": list(probes[0]["bytes"]),
             "alone_s": [t for p in probes for t in p["alone_s"]],
-            "with_s": [t for p in probes for t in p["with_s"]],
+            "with_s": [t for p in probes for t in p["with_s"]], **done,
             "ready_s": ([statistics.fmean(times) for times in zip(*ready)]
                         if all(len(r) == len(ready[0]) for r in ready) else ready[0])}
 
@@ -285,24 +295,33 @@ def drift_line(before: CalibrationFit, after: CalibrationFit) -> str:
             f"{after.fit_b_s_per_byte * 1e9:.3f} ns/B ({change(before.fit_b_s_per_byte, after.fit_b_s_per_byte)})")
 
 
-def fit_contention(probe: Mapping | None, scheme: Mapping | None, fit: CalibrationFit) -> float:
-    """kappa from a contention probe: backward alone and with each gradient (`bytes`, in send
-    order) sent at its ready time, in alternating rounds.  The model's own relation
-    (`perfmodel.contended_schedule`),
+KAPPA_C_STEPS = 50  # kappa_c searched on a grid of 1/50 (the probe's noise is coarser)
 
-        t_w = t_a + kappa * busy(t_a),   so   kappa = (t_w / t_a - 1) * t_a / busy(t_a),
 
-    with busy the transfer time inside backward when those messages are scheduled as the
-    scheme schedules per-tensor messages (its merge, e.g. Horovod's cycles) at the fitted
-    cost, so kappa means in the prediction what it meant in the probe.  The slowdown
-    t_w / t_a - 1 is the median over rounds of each round's pair: a shared 2-core VM drifts by
-    tens of percent between seconds, and the two halves of a round see the same machine
-    (four Horovod-gloo calibrations: 8-48% as a ratio of medians, 8-30% paired).  t_a:
-    median alone.  0 without a probe or communication, clipped to [0, 1]."""
+def fit_contention(probe: Mapping | None, scheme: Mapping | None,
+                   fit: CalibrationFit) -> tuple[float, float]:
+    """(kappa, kappa_c) from a contention probe: backward alone, and with each gradient
+    (`bytes`, in send order) sent at its ready time, in alternating rounds, with when
+    backward ended (`with_s`) and when the exchange was back (`done_s`).  The shares at
+    which the model's own schedule (`perfmodel.contended_schedule`) of those messages, as
+    the scheme sends per-tensor messages (its merge, e.g. Horovod's cycles) at the fitted
+    cost, ends backward and the exchange when the probe's did::
+
+        W(t_b) = t_a (1 + slowdown_backward),   max(W(t_b), e_last) = t_a (1 + slowdown_done)
+
+    kappa by bisection for each kappa_c on a grid (backward's end grows with both); kappa_c
+    the least on the grid whose two ends are within two standard errors of the probe's
+    (pairs along a curve end both alike, and the probe cannot tell them apart), else the
+    pair nearest in those units; so the shares mean in the prediction what they meant in the
+    probe.  Each slowdown is the median over rounds of that round's ratio to
+    its own alone run: a shared 2-core VM drifts by tens of percent between seconds, and the
+    halves of a round see the same machine (four Horovod-gloo calibrations: 8-48% as a ratio
+    of medians, 8-30% paired).  t_a: median alone.  (0, 0) without a probe or communication;
+    kappa_c = 0 for a probe without exchange ends; kappa 1 when even a backward stalled by
+    every transfer would end sooner than the probe's."""
     if not probe or not probe.get("alone_s") or not probe.get("with_s"):
-        return 0.0
+        return 0.0, 0.0
     t_a = statistics.median(probe["alone_s"])
-    slowdown = statistics.median(w / a - 1.0 for a, w in zip(probe["alone_s"], probe["with_s"]) if a > 0)
     described = {**(scheme or {}), "granularity": "tensor", "overlap": True, "servers": 0,
                  "algorithm": fit.algorithm if fit.algorithm != "ps" else "ring"}
     if fit.algorithm == "ps":
@@ -312,11 +331,57 @@ def fit_contention(probe: Mapping | None, scheme: Mapping | None, fit: Calibrati
                                       max(1, probe_scheme.servers))
     grads = [pm.Grad(f"probe{i}", f"probe{i}", int(n), r)
              for i, (n, r) in enumerate(zip(probe["bytes"], probe.get("ready_s") or []))]
-    transfers = pm.schedule(probe_scheme.messages(grads, comm_time), comm_time, True, t_a)
-    busy = pm.busy_during(transfers, t_a)
-    if busy <= 0:
+    if t_a <= 0 or not any(comm_time(g.nbytes) > 0 for g in grads):
+        return 0.0, 0.0
+
+    def ratios(key: str) -> list[float]:
+        return [t / a for a, t in zip(probe["alone_s"], probe[key]) if a > 0]
+
+    def target(key: str) -> float:
+        return t_a * statistics.median(ratios(key))
+
+    def ends(kappa: float, kappa_c: float) -> tuple[float, float]:
+        transfers, backward_end = pm.contended_schedule(grads, probe_scheme, comm_time, t_a, kappa, kappa_c)
+        return backward_end, max([backward_end] + [t.end for t in transfers])
+
+    def kappa_for(kappa_c: float, backward_end: float) -> float:
+        if ends(0.0, kappa_c)[0] >= backward_end:
+            return 0.0
+        if ends(1.0, kappa_c)[0] <= backward_end:
+            return 1.0
+        low, high = 0.0, 1.0
+        for _ in range(40):
+            middle = (low + high) / 2
+            low, high = (middle, high) if ends(middle, kappa_c)[0] < backward_end else (low, middle)
+        return (low + high) / 2
+
+    backward_end = target("with_s")
+    if len(probe.get("done_s") or []) != len(probe["with_s"]):
+        return kappa_for(0.0, backward_end), 0.0
+    exchange_end = target("done_s")
+    tolerances = [2 * t_a * max(median_standard_error(ratios(key)), 1e-3) for key in ("with_s", "done_s")]
+    candidates = []
+    for step in range(KAPPA_C_STEPS):  # kappa_c < 1, so the pair is never (1, 1)
+        kappa_c = step / KAPPA_C_STEPS
+        kappa = kappa_for(kappa_c, backward_end)
+        misses = [abs(end - aim) / tolerance for end, aim, tolerance
+                  in zip(ends(kappa, kappa_c), (backward_end, exchange_end), tolerances)]
+        if max(misses) <= 1.0:
+            return kappa, kappa_c  # the least transfer contention the probe cannot tell from its own
+        candidates.append((max(misses), kappa_c, kappa))
+    _, kappa_c, kappa = min(candidates)
+    return kappa, kappa_c
+
+
+def median_standard_error(values: Sequence[float]) -> float:
+    """Standard error of the median of `values`: 1.2533 sigma / sqrt(n), sigma from the
+    median absolute deviation (1.4826 MAD), robust to the odd slow round; 0 for fewer than
+    two values."""
+    if len(values) < 2:
         return 0.0
-    return min(1.0, max(0.0, slowdown * t_a / busy))
+    centre = statistics.median(values)
+    sigma = 1.4826 * statistics.median(abs(v - centre) for v in values)
+    return 1.2533 * sigma / math.sqrt(len(values))
 
 
 # --------------------------------------------------------------------------- lookup
@@ -419,8 +484,8 @@ def format_points(fit: CalibrationFit, points: Mapping[int, Sequence[float]]) ->
                  f"relative rms error {fit.rel_rmse * 100:.1f} %")
     lines.append(f"# {fit.algorithm}: alpha = {fit.alpha_s * 1e6:.2f} us, beta = {fit.beta_s_per_byte * 1e9:.4f} ns/B "
                  f"({link_gbps(fit.beta_s_per_byte)}), gamma = {fit.gamma_s_per_byte * 1e9:.4f} ns/B")
-    lines.append(f"# contention: kappa = {fit.contention:.2f} (backward seconds lost per second of "
-                 "transfer beside it)")
+    lines.append(f"# contention: kappa = {fit.contention:.2f}, kappa_c = {fit.transfer_contention:.2f} (the "
+                 "shares of their pace backward and a transfer lose while both run)")
     return "\n".join(lines)
 
 

@@ -47,13 +47,20 @@ alpha whenever the next gradient is ready before the pending message could start
 one message; t_{k+1} = t_k + max(cycle, T(n_k))).
 
 contention (`contended_schedule`): on a CPU host whose cores the ranks' compute fills, the
-communication stack is CPU work too; kappa (calibrated per scheme) is the backward time lost
-per second of transfer beside it::
+communication stack is CPU work too.  Processor sharing with two calibrated shares: kappa,
+the share of its pace backward loses while a transfer runs beside it, and kappa_c, the share
+a transfer loses while backward runs.  Backward's progress P(t), counted in seconds of
+uncontended backward, grows at rate 1 - kappa beside a transfer and 1 otherwise; a
+transfer of cost c advances at 1 - kappa_c while backward runs and 1 after it; message i
+starts once backward has made its gradient and the previous transfer has ended::
 
-    t_b' = t_b + kappa * busy(t_b),   r_i' = r_i * t_b' / t_b
+    s_i = max(W(r_i), e_{i-1}),   W(r) = the first t with P(t) = r
+    e_i = the time transfer i has done c_i of its work
+    t_b' = W(t_b),   t_iter = t_io' + t_h2d + t_f + max(t_b', e_last) + t_u
 
-  busy(t_b) the transfer time inside backward in the uncontended schedule; kappa = 0 (a GPU
-  whose collectives run on their own engines) is plain WFBP.
+  kappa = kappa_c = 0 is plain WFBP (communication on its own engine: a GPU's copy engines,
+  a NIC's DMA); kappa = 1, kappa_c = 0 stalls backward while anything is sent, so nothing
+  hides: max(t_b', e_last) = t_b + sum c_i, the time without overlap.
 
 Communication cost (`coefficients`, `collective_time`); every model is linear in n::
 
@@ -76,6 +83,7 @@ Scaling (weak, fixed per-worker batch): S(N) = N t(1) / t(N), E(N) = S(N) / N.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -586,58 +594,96 @@ class Prediction:
         return min(1.0, max(0.0, 1.0 - self.comm_exposed / self.comm_total))
 
 
-def busy_during(transfers: Sequence[Transfer], until: float) -> float:
-    """Seconds of transfers that run before `until` (the end of backward)."""
-    return sum(max(0.0, min(t.end, until) - t.start) for t in transfers)
-
-
 def contended_schedule(grads: Sequence[Grad], scheme: Scheme, comm_time: Callable[[float], float],
-                       t_b: float, contention: float) -> tuple[list[Transfer], float]:
-    """Transfers and the stretched backward when communication competes with backward for
-    the same cores (a CPU host whose cores the ranks' compute already fills).
+                       t_b: float, contention: float,
+                       transfer_contention: float = 0.0) -> tuple[list[Transfer], float]:
+    """Transfers and the end of backward when communication competes with backward for the
+    same cores (a CPU host whose cores the ranks' compute already fills).
 
-    kappa = `contention`: seconds of backward lost per second of transfer running beside it
-    (calibrated: `analysis.calibration.fit_contention` from the probe of
-    `launchers.calibrate`).  First order: the transfers inside backward are those of the
-    uncontended schedule, and backward must still do its own work plus the stack's::
-
-        t_b' = t_b + kappa * busy(t_b)
-
-    busy(t_b) being the transfer time before t_b in `schedule` of the scheme's messages; the
-    messages are then scheduled again with ready times r_i * t_b' / t_b for what outlasts
-    the stretched backward.  (Iterating this to a fixed point, t_b' = t_b + kappa busy(t_b'),
-    diverges towards t_b / (1 - kappa) where transfers fill backward: a transfer beside
-    compute is slowed as well, so fewer of them run inside it, which the first-order form
-    leaves out on both sides, probe and prediction alike.)  kappa = 0 is plain WFBP
-    (communication on its own engine: GPU copy engines, a NIC's DMA); without overlap
-    nothing runs beside backward.
+    kappa = `contention`: the share of its pace backward loses while a transfer runs;
+    kappa_c = `transfer_contention`: the share of its pace a transfer loses while backward
+    runs (module docstring; both calibrated by `analysis.calibration.fit_contention` from the
+    probe of `launchers.calibrate`, which runs this same schedule).  Processor sharing,
+    walked message by message in send order: between transfers backward runs alone; while
+    both run, each goes at its own reduced pace; after backward the transfers go at full
+    pace.  kappa = 1 with kappa_c = 0 stalls backward beside every transfer: t_b + sum c_i,
+    the time without overlap, whenever transfers keep coming.  The messages (their merging,
+    e.g. Horovod's cycles) are those of the uncontended ready times; without overlap nothing
+    runs beside backward and the contention changes nothing.
     """
-    if not 0.0 <= contention <= 1.0:
-        raise ValueError(f"contention must be in [0, 1], got {contention}")
-    transfers = schedule(scheme.messages(grads, comm_time), comm_time, scheme.overlap, t_b)
-    if contention == 0.0 or not scheme.overlap or t_b <= 0:
-        return transfers, t_b
-    stretched = t_b + contention * busy_during(transfers, t_b)
-    k = stretched / t_b
-    later = [Grad(g.name, g.layer, g.nbytes, g.ready * k) for g in grads]
-    return schedule(scheme.messages(later, comm_time), comm_time, True, stretched), stretched
+    for name, value in (("contention", contention), ("transfer contention", transfer_contention)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if contention == 1.0 and transfer_contention == 1.0:
+        raise ValueError("contention and transfer contention cannot both be 1: neither would advance")
+    messages = scheme.messages(grads, comm_time)
+    if (contention == 0.0 and transfer_contention == 0.0) or not scheme.overlap or t_b <= 0:
+        return schedule(messages, comm_time, scheme.overlap, t_b), t_b
+    progress = _Progress(t_b, 1.0 - contention, 1.0 - transfer_contention)
+    transfers, end = [], 0.0
+    for message in messages:
+        # ready after backward (a merge's later cycle): as long after backward's end
+        ready = progress.wall_time(min(message.ready, t_b)) + max(0.0, message.ready - t_b)
+        start = max(ready, end)
+        end = progress.transfer(start, comm_time(message.nbytes))
+        transfers.append(Transfer(message.nbytes, ready, start, end, message.members))
+    return transfers, progress.wall_time(t_b)
+
+
+class _Progress:
+    """Backward's progress against wall time under `contended_schedule`: a piecewise-linear,
+    non-decreasing P(t) kept as its breakpoints, rate 1 while backward runs alone and
+    `backward_pace` beside a transfer; capped at t_b."""
+
+    def __init__(self, t_b: float, backward_pace: float, transfer_pace: float):
+        self.t_b, self.backward_pace, self.transfer_pace = t_b, backward_pace, transfer_pace
+        self.walls, self.done, self.rates = [0.0], [0.0], [1.0]  # breakpoint, P there, rate after
+
+    def wall_time(self, target: float) -> float:
+        """W(target): the first time backward has done `target` seconds of work, given the
+        transfers recorded so far (a later one starts after the last, too late to matter)."""
+        i = bisect.bisect_left(self.done, target)
+        if i == 0:
+            return self.walls[0]
+        return self.walls[i - 1] + (target - self.done[i - 1]) / self.rates[i - 1]
+
+    def transfer(self, start: float, cost: float) -> float:
+        """Record a transfer of `cost` seconds (alone) from `start` (never before the last
+        one's end); returns its end."""
+        done = min(self.t_b, self.done[-1] + (start - self.walls[-1]) * self.rates[-1])
+        beside = (self.t_b - done) / self.backward_pace if self.backward_pace > 0 else math.inf
+        alone = cost / self.transfer_pace if self.transfer_pace > 0 else math.inf
+        if done >= self.t_b:
+            end, points = start + cost, [(start, self.t_b, 1.0)]
+        elif alone <= beside:  # the transfer ends first, backward still running
+            end = start + alone
+            points = [(start, done, self.backward_pace), (end, done + alone * self.backward_pace, 1.0)]
+        else:  # backward ends first; the rest of the transfer at full pace
+            end = start + beside + (cost - beside * self.transfer_pace)
+            points = [(start, done, self.backward_pace), (start + beside, self.t_b, 1.0)]
+        for wall, progress, rate in points:
+            self.walls.append(wall)
+            self.done.append(min(self.t_b, progress))
+            self.rates.append(rate)
+        return end
 
 
 def predict(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float],
-            contention: float = 0.0) -> Prediction:
+            contention: float = 0.0, transfer_contention: float = 0.0) -> Prediction:
     """The model's iteration for one worker's profile under `scheme` with message cost
-    `comm_time` (n -> seconds; `comm_time_function`) and `contention` kappa (the share of
-    overlapped communication that takes cores from backward; `contended_schedule`).
+    `comm_time` (n -> seconds; `comm_time_function`), `contention` kappa (the share of its
+    pace backward loses beside a transfer) and `transfer_contention` kappa_c (the share a
+    transfer loses beside backward; `contended_schedule`).
 
     t_iter = t_io' + t_h2d + t_f + max(t_b', e_last) + t_u; e_last from `schedule` (overlap or
-    not), t_b' = t_b stretched by contention (t_b when kappa = 0); t_io' hidden behind the
-    rest when the profile's reader prefetches.  The predicted ``comm`` phase is the
-    communication as the framework's separated profile runs it (after backward,
+    not), t_b' backward's end beside the transfers (t_b without contention); t_io' hidden
+    behind the rest when the profile's reader prefetches.  The predicted ``comm`` phase is
+    the communication as the framework's separated profile runs it (after backward,
     `profile_granularity`), comparable with the measured one.
     """
     grads = list(profile.grads)
     t_b = profile.backward
-    transfers, stretched = contended_schedule(grads, scheme, comm_time, t_b, contention)
+    transfers, stretched = contended_schedule(grads, scheme, comm_time, t_b, contention, transfer_contention)
     comm_total = sum(t.end - t.start for t in transfers)
     end = max([stretched] + [t.end for t in transfers])
     comm_separate = sum(comm_time(m.nbytes) for m in scheme.messages(grads, comm_time, separate=True))

@@ -204,7 +204,8 @@ def comm_cost(record: dict, scheme: pm.Scheme, profile: pm.Profile, fits: list[C
         fit, how = found
         facts = {"framework": fit.framework, "transport": fit.transport, "world_size": fit.world_size,
                  "algorithm": scheme.algorithm, "alpha_s": fit.alpha_s, "beta_s_per_byte": fit.beta_s_per_byte,
-                 "gamma_s_per_byte": fit.gamma_s_per_byte, "contention": fit.contention or 0.0}
+                 "gamma_s_per_byte": fit.gamma_s_per_byte, "contention": fit.contention or 0.0,
+                 "transfer_contention": fit.transfer_contention or 0.0}
         return pm.comm_time_function(scheme.algorithm, p, fit.cost, servers), how, facts
     measured = _measured_comm(record)
     sent = sum(m.nbytes for m in scheme.messages(list(profile.grads), lambda n: 0.0, separate=True))
@@ -258,8 +259,8 @@ def predict_record(record: dict, fits: list[CalibrationFit], baseline: dict | No
     profile, layer_source = built
     scheme, assumed = scheme_of(record)
     comm_time, basis, facts = comm_cost(record, scheme, profile, fits)
-    contention = (facts or {}).get("contention", 0.0)
-    prediction = pm.predict(profile, scheme, comm_time, contention)
+    shares = ((facts or {}).get("contention", 0.0), (facts or {}).get("transfer_contention", 0.0))
+    prediction = pm.predict(profile, scheme, comm_time, *shares)
     measured = record.get("iter_time_median")
     error = None if not measured else (prediction.iter_time - measured) / measured
     layer_times = layer_backward(record, profile.backward)[0]  # rescaled to the profile's backward
@@ -268,13 +269,13 @@ def predict_record(record: dict, fits: list[CalibrationFit], baseline: dict | No
             "comm_exposed_s": prediction.comm_exposed, "backward_comm_s": prediction.backward_comm,
             "hidden_fraction": prediction.hidden_fraction, "timeline": _timeline(profile, prediction, layer_times)}
     if baseline is not None and int(record.get("world_size") or 1) > 1:
-        info.update(_from_single_worker(record, baseline, scheme, comm_time, contention))
+        info.update(_from_single_worker(record, baseline, scheme, comm_time, shares))
     return {"run_id": record["run_id"], "predicted_iter_time": prediction.iter_time,
             "prediction_error": error, "phases": prediction.phases, "prediction": info}
 
 
 def _from_single_worker(record: dict, baseline: dict, scheme: pm.Scheme, comm_time,
-                        contention: float = 0.0) -> dict:
+                        shares: tuple[float, float] = (0.0, 0.0)) -> dict:
     built = profile_from_record(baseline)
     if built is None:
         return {}
@@ -284,7 +285,7 @@ def _from_single_worker(record: dict, baseline: dict, scheme: pm.Scheme, comm_ti
         threads_one, threads_n = baseline.get("threads_per_worker"), record.get("threads_per_worker")
         if threads_one and threads_n:
             factor = float(threads_one) / float(threads_n)
-    t = pm.predict(profile.scaled(factor), scheme, comm_time, contention).iter_time
+    t = pm.predict(profile.scaled(factor), scheme, comm_time, *shares).iter_time
     measured = record.get("iter_time_median")
     return {"from_single_worker_s": t, "from_single_worker_error": (t - measured) / measured if measured else None,
             "from_single_worker_compute_factor": factor, "from_single_worker_run": baseline["run_id"]}
@@ -500,7 +501,7 @@ def whatif_grid(candidates_: list[Candidate], nodes: list[int], bandwidths: list
     """Rows: scheme x nodes x bandwidth x latency with t(N), speedup and efficiency.
 
     alpha = latency, beta = 1 / bandwidth; None takes the candidate's calibrated value;
-    gamma and the contention kappa are the calibration's (0 without one).
+    gamma and the contention shares kappa, kappa_c are the calibration's (0 without one).
     """
     rows = []
     for cand in candidates_:
@@ -517,8 +518,8 @@ def whatif_grid(candidates_: list[Candidate], nodes: list[int], bandwidths: list
                 for n in nodes:
                     p = n * workers_per_node
                     comm = pm.comm_time_function(cand.scheme.algorithm, p, cost, max(1, cand.scheme.servers))
-                    contention = cand.fit.contention if cand.fit is not None else 0.0
-                    prediction = pm.predict(cand.profile, cand.scheme, comm, contention) if p > 1 else \
+                    shares = cand.fit.shares if cand.fit is not None else (0.0, 0.0)
+                    prediction = pm.predict(cand.profile, cand.scheme, comm, *shares) if p > 1 else \
                         pm.single_worker_prediction(cand.profile)
                     s = pm.speedup(t_one, prediction.iter_time, p)
                     rows.append({"scheme": cand.name, "profile": cand.source, "nodes": n, "workers": p,

@@ -415,8 +415,8 @@ PREDICTION_SUMMARY_COLUMNS: list[str] = [
 
 CALIBRATION_TABLE_COLUMNS: list[str] = [
     "framework", "mode", "transport", "algorithm", "device_kind", "nodes", "world_size", "alpha_us",
-    "beta_ns_per_byte", "link_gbit_s", "gamma_ns_per_byte", "fit_a_us", "fit_b_ns_per_byte", "rel_rmse_pct",
-    "n_sizes", "repeats", "measured_at", "windows", "drift_a_pct", "drift_b_pct"]
+    "beta_ns_per_byte", "link_gbit_s", "gamma_ns_per_byte", "kappa", "kappa_c", "fit_a_us", "fit_b_ns_per_byte",
+    "rel_rmse_pct", "n_sizes", "repeats", "measured_at", "windows", "drift_a_pct", "drift_b_pct"]
 
 
 def prediction_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -482,7 +482,9 @@ def prediction_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
     """The stored calibrations (`ResultStore.calibration_frame`) in readable units: link-level
-    alpha (us), beta (ns/B and as a link speed), gamma, and the fitted whole-collective
+    alpha (us), beta (ns/B and as a link speed), gamma, the contention shares kappa (of its
+    pace backward loses beside a transfer) and kappa_c (a transfer beside backward), the
+    fitted whole-collective
     T(n) = a + b n with its relative rms error.  A calibration pooled from several (`compare
     --calibrate` calibrates before and after its runs) shows how many, and how far the last
     one's own a and b moved from the first's (drift, %)."""
@@ -500,7 +502,8 @@ def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
         "device_kind": c["device_kind"], "nodes": c["nodes"], "world_size": c["world_size"],
         "alpha_us": c["alpha_s"] * 1e6, "beta_ns_per_byte": c["beta_s_per_byte"] * 1e9,
         "link_gbit_s": (8 / c["beta_s_per_byte"] / 1e9).where(c["beta_s_per_byte"] > 0),
-        "gamma_ns_per_byte": c["gamma_s_per_byte"] * 1e9, "fit_a_us": c["fit_a_s"] * 1e6,
+        "gamma_ns_per_byte": c["gamma_s_per_byte"] * 1e9, "kappa": c["contention"].fillna(0.0),
+        "kappa_c": c["transfer_contention"].fillna(0.0), "fit_a_us": c["fit_a_s"] * 1e6,
         "fit_b_ns_per_byte": c["fit_b_s_per_byte"] * 1e9, "rel_rmse_pct": c["rel_rmse"] * 100,
         "n_sizes": c["n_sizes"], "repeats": c["repeats"], "measured_at": c["measured_at"],
         "windows": windows.map(lambda w: max(1, len(w))), "drift_a_pct": drift("fit_a_s"),

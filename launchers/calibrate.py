@@ -165,7 +165,8 @@ def fit_result(result: dict, info, mode: str, bandwidth: str | None = None, late
         workers_per_node=int(result["workers_per_node"]), servers=servers,
         reduction_points={int(k): v for k, v in (result.get("reduction") or {}).items()} or None,
         bandwidth=bandwidth or "", latency=latency or "")
-    return replace(fit, contention=fit_contention(result.get("contention"), scheme, fit))
+    kappa, kappa_c = fit_contention(result.get("contention"), scheme, fit)
+    return replace(fit, contention=kappa, transfer_contention=kappa_c)
 
 
 def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False,

@@ -183,8 +183,9 @@ ALEXNET_TINY_TENSORS = 16  # the calibration network: 8 layers with parameters, 
 
 def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS) -> dict:
     """The calibration record's contention probe (adapters/calibration.py): every round's
-    backward alone and with a collective per parameter tensor, the ready times of the
-    `tensors` parameter tensors in order, and a kappa the model can use."""
+    backward alone and with a collective per parameter tensor, when that round's exchange was
+    back (never before its backward ended), and the ready times of the `tensors` parameter
+    tensors in order."""
     import json
     import statistics
 
@@ -192,10 +193,12 @@ def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS) -> d
 
     probe = json.loads((out / "calibration.json").read_text())["contention"]
     assert probe is not None, "a scheme that overlaps must have a contention probe"
-    assert len(probe["alone_s"]) == len(probe["with_s"]) == CONTENTION_ROUNDS
+    assert len(probe["alone_s"]) == len(probe["with_s"]) == len(probe["done_s"]) == CONTENTION_ROUNDS
     assert min(probe["alone_s"] + probe["with_s"]) > 0
+    assert all(done >= with_ for done, with_ in zip(probe["done_s"], probe["with_s"]))
     assert len(probe["bytes"]) == len(probe["ready_s"]) == tensors and min(probe["bytes"]) > 0
     assert probe["ready_s"] == sorted(probe["ready_s"]) and probe["ready_s"][-1] <= max(probe["alone_s"])
     print(f"contention probe: backward {statistics.median(probe['alone_s']) * 1e3:.1f} ms alone, "
-          f"{statistics.median(probe['with_s']) * 1e3:.1f} ms with a collective per tensor")
+          f"{statistics.median(probe['with_s']) * 1e3:.1f} ms with a collective per tensor, exchange back at "
+          f"{statistics.median(probe['done_s']) * 1e3:.1f} ms")
     return probe

@@ -224,29 +224,49 @@ def test_cycle_merge_like_horovods_background_thread():
     assert [m.nbytes for m in scheme.messages(raw, lambda n: 0.5, separate=True)] == [1, 1, 1, 1]
 
 
-def test_contention_stretches_backward_by_kappa_times_the_transfers_inside_it():
+def test_contention_slows_backward_while_a_transfer_runs():
     """The three-layer example (ready [1, 3, 4], messages [3, 1, 2] bytes at 1 s/B, t_f = 2,
-    t_u = 0.5, t_io = 0.1 unhidden) with kappa = 0.5:
+    t_u = 0.5, t_io = 0.1 unhidden) with kappa = 0.5: backward runs at half pace beside a
+    transfer (kappa_c = 0.25, a transfer at 3/4 pace beside backward, is worked out below).
 
-    uncontended WFBP transfers (1, 4), (4, 5), (5, 7): busy before t_b = 4 is 4 - 1 = 3, so
-    t_b' = 4 + 0.5 * 3 = 5.5; ready times scale by 5.5 / 4: [1.375, 4.125, 5.5]; transfers
-    (1.375, 4.375), (4.375, 5.375), (5.5, 7.5): backward + communication 7.5, iteration
-    0.1 + 2 + 7.5 + 0.5 = 10.1 (9.6 without contention), exposed 7.5 - 4 = 3.5.
+    Message 1 is ready at 1 and runs (1, 4); backward does 1 + 0.5 * 3 = 2.5 of its work by 4.
+    Message 2 is ready at work 3: backward alone reaches it at 4 + 0.5 = 4.5; it runs
+    (4.5, 5.5) and backward does 3 + 0.5 = 3.5 by 5.5.  Message 3 is ready at work 4, reached
+    alone at 5.5 + 0.5 = 6 = t_b'; it runs (6, 8).  Backward + communication 8, iteration
+    0.1 + 2 + 8 + 0.5 = 10.6 (9.6 without contention), exposed 8 - 4 = 4.
+
+    kappa = 1 stalls backward beside every transfer: (1, 4), then work 1 -> 3 alone by 6,
+    (6, 7), work 3 -> 4 by 8, (8, 10): 12.6, the time without overlap (t_b + sum c = 10).
     """
     prof = profile([1.0, 2.0, 1.0], [3, 1, 2], io=0.1, forward=2.0, update=0.5)
     per_byte = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))
     wfbp = pm.Scheme(overlap=True, granularity="layer")
     contended = pm.predict(prof, wfbp, per_byte, contention=0.5)
-    assert [(t.start, t.end) for t in contended.transfers] == [
-        approx(x) for x in [(1.375, 4.375), (4.375, 5.375), (5.5, 7.5)]]
-    assert contended.iter_time == approx(10.1) and contended.comm_exposed == approx(3.5)
+    assert [(t.ready, t.start, t.end) for t in contended.transfers] == [
+        approx(x) for x in [(1.0, 1.0, 4.0), (4.5, 4.5, 5.5), (6.0, 6.0, 8.0)]]
+    assert contended.iter_time == approx(10.6) and contended.comm_exposed == approx(4.0)
     assert pm.predict(prof, wfbp, per_byte, contention=0.0).iter_time == approx(9.6)
+    stalled = pm.predict(prof, wfbp, per_byte, contention=1.0)
+    assert [(t.start, t.end) for t in stalled.transfers] == [approx(x) for x in [(1, 4), (6, 7), (8, 10)]]
+    # kappa_c = 0.25 as well: message 1 runs at 3/4 pace, (1, 5), backward doing 1 + 0.5 * 4 = 3
+    # by 5; message 2 is ready then and runs (5, 5 + 1/0.75 = 6.333), backward 3 + 0.5 * 1.333
+    # = 3.667 by then; backward alone reaches 4 at 6.667 = t_b', and message 3 runs
+    # (6.667, 8.667) at full pace after it: 0.1 + 2 + 8.667 + 0.5 = 11.267
+    both = pm.predict(prof, wfbp, per_byte, contention=0.5, transfer_contention=0.25)
+    assert [(t.start, t.end) for t in both.transfers] == [
+        approx(x) for x in [(1.0, 5.0), (5.0, 19 / 3), (20 / 3, 26 / 3)]]
+    assert both.iter_time == approx(0.1 + 2 + 26 / 3 + 0.5)
     # nothing runs beside backward without overlap: kappa changes nothing
     whole = pm.Scheme()
     assert pm.predict(prof, whole, per_byte, contention=0.9).iter_time == approx(12.6)
+    assert stalled.iter_time == approx(12.6)
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError):
             pm.predict(prof, wfbp, per_byte, contention=bad)
+        with pytest.raises(ValueError):
+            pm.predict(prof, wfbp, per_byte, transfer_contention=bad)
+    with pytest.raises(ValueError):  # neither would ever advance
+        pm.predict(prof, wfbp, per_byte, contention=1.0, transfer_contention=1.0)
 
 
 def profile(layer_backward, sizes, io=0.0, h2d=0.0, forward=1.0, update=0.1):
@@ -331,18 +351,21 @@ def test_overlap_never_beats_forward_plus_backward_nor_loses_to_no_overlap():
 
 
 def test_contention_never_shortens_an_iteration_and_grows_with_kappa():
-    """Communication that takes cores from backward can make overlap worse than none (what
-    Horovod over gloo does on 2 shared cores), but never faster than without contention,
-    and more contention never helps."""
+    """Communication that takes cores from backward makes an iteration longer, never shorter
+    than without contention, more contention never helps, and even kappa = 1 (backward
+    stalled beside every transfer) is no worse than no overlap at all."""
     rng = random.Random(3)
     for _ in range(200):
         prof = random_profile(rng)
         comm = pm.comm_time_function("ring", 2, pm.LinkCost(rng.uniform(0, 1e-3), rng.uniform(0, 1e-8)))
-        scheme = rng.choice(SCHEMES[1:3])
+        scheme = rng.choice(SCHEMES[1:])
         floor = prof.io + prof.h2d + prof.forward + prof.backward + prof.update
         times = [pm.predict(prof, scheme, comm, kappa).iter_time for kappa in (0.0, 0.3, 0.6, 1.0)]
         assert floor - 1e-12 <= times[0]
         assert all(a <= b + 1e-12 for a, b in zip(times, times[1:])), times
+        if scheme.merge is None:  # the same messages either way (merging depends on ready times)
+            serial = pm.predict(prof, dataclasses.replace(scheme, overlap=False), comm).iter_time
+            assert times[-1] <= serial + 1e-12
 
 
 def test_speedup_and_efficiency():
@@ -389,4 +412,4 @@ def test_perfmodel_is_standard_library_only():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= {"__future__", "math", "dataclasses", "typing"}, imported
+    assert imported <= {"__future__", "bisect", "math", "dataclasses", "typing"}, imported

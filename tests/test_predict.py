@@ -348,16 +348,15 @@ def test_parse_latency(text, value):
 # to 16-21% (TF collective's fitted a 6.4 ms against 3.2-5.0 in others; MXNet's 740 us
 # against 445-561): compare --calibrate therefore calibrates again after the runs and fits
 # both calibrations' timings pooled.
-# Not held here: MXNet dist_sync, 3-13% in 11 of 13 campaigns but 21% and 25% in two, its
-# runs' own iteration moving by 30% between campaigns (googlenet-tiny 80-117 ms). On 2 shared
-# cores it hides little of its exchange (the timed iteration within 10% of forward + backward
-# + exchange in 17 of 24 runs, at most 31% under it) where the model's first-order contention
-# hides 25-45% (README "What the model does not capture").
+# MXNet dist_sync 3.1-12.7% in eight campaigns since its contention probe marks backward's
+# end apart from the kvstore's pull into the gradient (before: 18-25% in 3 of 18, the probe
+# reading the exchange's end as backward's and the model hiding 25-45% of googlenet-tiny's
+# exchange), its runs' own iteration moving by 30% between campaigns.
 # TF ps 3-9%, predicted from its own measured pull + push: its SyncReplicasOptimizer exchange
 # (accumulators, token queue, the chief's update on the servers) has no micro-benchmark, so it
 # is the one scheme held to the target without a calibration.
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi", "horovod:gloo",
-                       "tf:collective", "tf:ps"]
+                       "tf:collective", "tf:ps", "mxnet:dist_sync"]
 UNCALIBRATED = {("TensorFlow", "ps")}  # (framework_label, mode) predicted from measured comm
 
 
