@@ -725,9 +725,9 @@ class MXNetTrainer(Trainer):
         `comm_buf_` is the gradient), which had each round's backward end with its exchange
         and fitted contention to 1 (the most) in every campaign where backward itself had
         slowed far less. The ready times are the marks' in backward order; the exchange
-        ends when the pulls are back. (Pushing a 64 KiB buffer made to depend
-        on each gradient instead slowed backward 13% where the gradients themselves slow it
-        2-3x: the servers' updater and ps-lite copy what is pushed.)"""
+        ends when the pulls are back. (Pushing a 64 KiB buffer made to depend on each
+        gradient instead slowed backward 13% where the gradients themselves slow it 2-3x: the
+        servers' updater and ps-lite copy what is pushed.)"""
         if not self.distributed:
             raise NotImplementedError("in-process modes send nothing beside backward")
         self._update_on_kvstore()  # the servers' updater on, as in an iteration

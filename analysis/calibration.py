@@ -270,8 +270,8 @@ def pool_probes(*probes: Mapping | None) -> dict | None:
     """Contention probes of the same network taken at different times, as one probe: the
     rounds concatenated (each round's alone, sending and exchange times stay together, as
     `fit_contention` pairs them; the exchange times only where every probe has them), the
-    ready times the element-wise mean.  None unless every
-    probe is there and they timed the same gradients."""
+    ready times the element-wise mean.  None unless every probe is there and they timed the
+    same gradients."""
     if not probes or any(not p for p in probes) or len({tuple(p["bytes"]) for p in probes}) != 1:
         return None
     ready = [p.get("ready_s") or [] for p in probes]
@@ -313,10 +313,10 @@ def fit_contention(probe: Mapping | None, scheme: Mapping | None,
     the least on the grid whose two ends are within two standard errors of the probe's
     (pairs along a curve end both alike, and the probe cannot tell them apart), else the
     pair nearest in those units; so the shares mean in the prediction what they meant in the
-    probe.  Each slowdown is the median over rounds of that round's ratio to
-    its own alone run: a shared 2-core VM drifts by tens of percent between seconds, and the
-    halves of a round see the same machine (four Horovod-gloo calibrations: 8-48% as a ratio
-    of medians, 8-30% paired).  t_a: median alone.  (0, 0) without a probe or communication;
+    probe.  Each slowdown is the median over rounds of that round's ratio to its own alone
+    run: a shared 2-core VM drifts by tens of percent between seconds, and the halves of a
+    round see the same machine (four Horovod-gloo calibrations: 8-48% as a ratio of medians,
+    8-30% paired).  t_a: median alone.  (0, 0) without a probe or communication;
     kappa_c = 0 for a probe without exchange ends; kappa 1 when even a backward stalled by
     every transfer would end sooner than the probe's."""
     if not probe or not probe.get("alone_s") or not probe.get("with_s"):
