@@ -340,10 +340,10 @@ def test_parse_latency(text, value):
 
 # --------------------------------------------------------------------------- the real thing
 
-# Measured on this machine kind (median |error| over the three tiny models, 2 ranks, 2-4
-# campaigns): DDP 3.5-12.5%, CNTK-style 4-11%, Caffe-MPI-style 9-14%, Horovod over MPI 2-10%,
-# Horovod over gloo 2-10.5% (with the calibrated contention and Horovod's cycles; 18-22% without),
-# real CNTK 1-8%, TF collective 3-10% (profile scaled to its fused local graph; 10-18%
+# Measured on this machine kind (median |error| over the three tiny models, 2 ranks, 3-6
+# campaigns): DDP 2.5-12.5%, CNTK-style 3-12%, Caffe-MPI-style 7-14%, Horovod over MPI 2-10%,
+# Horovod over gloo 2-11% (with the calibrated contention and Horovod's cycles; 18-22% without),
+# real CNTK 1-11%, TF collective 2-10% (profile scaled to its fused local graph; 10-18%
 # before). A calibration that falls in a slow stretch of this shared VM moved a whole scheme
 # to 16-21% (TF collective's fitted a 6.4 ms against 3.2-5.0 in others; MXNet's 740 us
 # against 445-561): compare --calibrate therefore calibrates again after the runs and fits
