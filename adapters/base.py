@@ -236,18 +236,22 @@ class Trainer(abc.ABC):
     def contention_probe(self, rounds: int) -> dict:
         """Calibration of a scheme that overlaps: the communication-free backward timed alone
         and with every gradient sent through the framework's own asynchronous path as it
-        appears ({"bytes": per tensor, "alone_s", "with_s", "done_s": per round, "ready_s": per
-        tensor}, in send order; see `adapters/calibration.py`).  NotImplementedError where the
+        appears ({"bytes": per tensor, "alone_s", "with_s", "done_s" (and "replay_s" where
+        the adapter replays the exchange alone): per round, "ready_s": per tensor}, in send
+        order; see `adapters/calibration.py`).  NotImplementedError where the
         adapter has none: the model then assumes communication takes nothing from backward."""
         raise NotImplementedError(f"{type(self).__name__} has no contention probe")
 
-    def probe_rounds(self, backward_once, rounds: int) -> dict:
+    def probe_rounds(self, backward_once, rounds: int, replay=None) -> dict:
         """`contention_probe`'s loop: `backward_once(send)` -> (seconds until backward ended,
         ready times, seconds until the exchange was back) alone (send=False) and sending
-        (True), alternating after a barrier each, one untimed round first.  Returns
-        "alone_s", "with_s" (backward's end) and "done_s" (the exchange's end) of the sending
-        rounds, and "ready" of the median alone round."""
-        alone, beneath, done, ready = [], [], [], []
+        (True), alternating after a barrier each, one untimed round first.  With `replay`,
+        each round then also sends the same messages at the alone half's ready times without
+        backward (`replay(ready)` -> seconds until they were back): the exchange's own end
+        (a last background cycle, waiting on the handles), which the fit must not take for
+        contention.  Returns "alone_s", "with_s" (backward's end), "done_s" (the exchange's
+        end) and "replay_s" of the timed rounds, and "ready" of the median alone round."""
+        alone, beneath, done, replayed, ready = [], [], [], [], []
         for _ in range(rounds + 1):
             self.barrier()
             seconds, stamps, _ = backward_once(False)
@@ -257,8 +261,13 @@ class Trainer(abc.ABC):
             seconds, _, back = backward_once(True)
             beneath.append(seconds)
             done.append(back)
+            if replay is not None:
+                self.barrier()
+                replayed.append(replay(stamps))
         median_run = sorted(range(1, rounds + 1), key=lambda i: alone[i])[rounds // 2]
-        return {"alone_s": alone[1:], "with_s": beneath[1:], "done_s": done[1:], "ready": ready[median_run]}
+        return {"alone_s": alone[1:], "with_s": beneath[1:], "done_s": done[1:],
+                **({"replay_s": replayed[1:]} if replay is not None else {}),
+                "ready": ready[median_run]}
 
     def time_collective(self, call, repeats: int, warmup: int, iters: int) -> list[float]:
         """`collective_times`' samples of one message: `warmup` untimed calls (connections,

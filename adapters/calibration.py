@@ -31,6 +31,7 @@ from adapters.base import DistInfo, RunConfig
 from adapters.worker import environment, wait_for_rank_files, write_json_atomic
 
 CONTENTION_ROUNDS = 21
+LOOP_BYTES = 2 ** 20  # bytes of back-to-back messages per sample (config.calibrate["loop_bytes"])
 
 
 def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
@@ -41,7 +42,7 @@ def run_calibration(trainer, config: RunConfig, dist: DistInfo) -> None:
     repeats = int(config.calibrate.get("repeats", 10))
     warmup = int(config.calibrate.get("warmup", 2))
     trainer.collective_times(sizes[:1], 1, max(warmup, 5))  # first calls set up connections: not timed
-    loop_bytes = int(config.calibrate.get("loop_bytes", 2 ** 20))
+    loop_bytes = int(config.calibrate.get("loop_bytes", LOOP_BYTES))
     collective = collective_samples(trainer, sizes, repeats, warmup, loop_bytes)
     result = {"collective": {str(k): v for k, v in collective.items()}}
     if config.device == "cpu" and config.calibrate.get("reduction", True):
@@ -79,7 +80,7 @@ def collective_samples(trainer, sizes: list[int], repeats: int, warmup: int,
     back-to-back calls adding up to about `loop_bytes` (at most MAX_CALIBRATION_ITERS)."""
     per_call = loop_bytes > 0 and "iters" in inspect.signature(trainer.collective_times).parameters
     samples: dict[int, list[float]] = {int(n): [] for n in sizes}
-    iters = {size: max(1, min(trainer.MAX_CALIBRATION_ITERS, loop_bytes // max(size, 1))) for size in samples}
+    iters = {size: messages_per_sample(size, loop_bytes, trainer.MAX_CALIBRATION_ITERS) for size in samples}
     for round_ in range(repeats):
         first = warmup if round_ == 0 else 0
         if per_call:
@@ -89,6 +90,13 @@ def collective_samples(trainer, sizes: list[int], repeats: int, warmup: int,
             for size, values in trainer.collective_times(list(samples), 1, first).items():
                 samples[int(size)] += values
     return samples
+
+
+def messages_per_sample(nbytes: int, loop_bytes: int, most: int) -> int:
+    """Back-to-back messages of `nbytes` in one calibration sample: about `loop_bytes` in
+    all, at least 1, at most `most` (the trainer's MAX_CALIBRATION_ITERS).  Adapters that
+    must build a sample's messages ahead (TF graph mode) use it too."""
+    return max(1, min(int(most), int(loop_bytes) // max(int(nbytes), 1)))
 
 
 def reduction_times(sizes: list[int], repeats: int) -> dict[int, list[float]]:

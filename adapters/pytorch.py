@@ -400,9 +400,11 @@ class TorchTrainer(Trainer):
         `rounds` of each after one of each untimed. Backward ends when backward_local returns,
         the exchange once every collective has been waited for after it. Returns the times, the
         gradients' bytes and the alone run's hook times (from backward's start) in submit
-        order, for `analysis.calibration.fit_contention`."""
+        order, for `analysis.calibration.fit_contention`.  Each round also replays the
+        exchange alone (`_probe_replay`)."""
         params = [p for _, p in self.network.leaves.named_parameters() if p.requires_grad]
-        rounds_ = self.probe_rounds(lambda send: self._probe_backward(params, send), rounds)
+        rounds_ = self.probe_rounds(lambda send: self._probe_backward(params, send), rounds,
+                                    replay=lambda stamps: self._probe_replay(params, stamps))
         order, ready = zip(*rounds_.pop("ready"))
         return {"bytes": [params[i].numel() * params[i].element_size() for i in order],
                 **rounds_, "ready_s": list(ready)}
@@ -434,11 +436,33 @@ class TorchTrainer(Trainer):
         finally:
             for hook in hooks:
                 hook.remove()
-        for handle in handles:
-            self.wait_collective(handle)
+        self._probe_wait(handles)
         done = time.perf_counter() - start
         self.optimizer.zero_grad(set_to_none=True)
         return seconds, [(index, t - start) for index, t in stamps], done
+
+    def _probe_wait(self, handles) -> None:
+        """After the probe's backward: wait for what its hooks submitted."""
+        for handle in handles:
+            self.wait_collective(handle)
+
+    def _probe_replay(self, params, stamps) -> float:
+        """The probe's exchange without backward: each parameter's message submitted at its
+        hook time in `stamps` (from the alone half of the round) by sleeping until then, all
+        waited for; seconds from the start until the last was back.  Where this ends later
+        than the fitted per-message cost says (Horovod's last cycle, a handle's wait), the
+        sending half's exchange ends later by as much with no contention at all."""
+        tensors = [torch.zeros_like(params[index]) for index, _ in stamps]
+        self.sync()
+        start = time.perf_counter()
+        handles = []
+        for tensor, (index, offset) in zip(tensors, stamps):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            handles.append(self.submit_collective(tensor, f"dlcompare.probe.{index}"))
+        self._probe_wait(handles)
+        return time.perf_counter() - start
 
 
 def allreduce_flat(grads: list, world_size: int) -> None:

@@ -204,9 +204,47 @@ class GraphPSTrainer(TensorFlowTrainer):
                                                      training=True)
             self.local_loss = model.loss(local_logits, self.labels)
             self.local_grads = tf.gradients(self.local_loss, [self.local[n] for n in self.names])
-        self.hook = self.sync_optimizer.make_session_run_hook(self.is_chief, num_tokens=0)
-        self.hook.begin()
+        self.hooks = [self.sync_optimizer.make_session_run_hook(self.is_chief, num_tokens=0)]
+        self.calibration_ops = {}  # bytes -> (train op, messages): calibration mode only
+        if config.calibrate:
+            self._build_calibration(setter, worker)
+        for hook in self.hooks:
+            hook.begin()
         self.saver = tf.compat.v1.train.Saver([self.global_step])  # Scaffold insists on one
+
+    def _build_calibration(self, setter, worker):
+        """Calibration mode: per message size, `messages_per_sample` variables of that size on
+        the servers (placed as the model's are) and their own SyncReplicasOptimizer(Momentum)
+        with its own step, token queue and chief queue runner, so one run of its train op is
+        what one step does to that many tensors: each variable read by the worker (the pull
+        its forward makes), a gradient made from it on the worker, pushed into the servers'
+        accumulator, the chief's momentum update once every worker's is in, and the token.
+        All of a size's messages are in flight together, as a step's are.  Each size's
+        stateful ops live in their own container: SyncReplicasOptimizer names its token
+        queue `sync_token_q` in every graph, and servers share resources by name (a container
+        name takes letters, digits, '.', '-' and '/', not '_').  The graph is finalised when
+        the session opens, so all of this is built here."""
+        from adapters.calibration import LOOP_BYTES, messages_per_sample
+
+        loop_bytes = int(self.config.calibrate.get("loop_bytes", LOOP_BYTES))
+        for nbytes in sorted({int(n) for n in self.config.calibrate["sizes"]}):
+            count = messages_per_sample(nbytes, loop_bytes, self.MAX_CALIBRATION_ITERS)
+            with tf.compat.v1.container(f"dlc-calibration-{nbytes}"), \
+                    tf.compat.v1.variable_scope(f"dlc_calibration_{nbytes}"):
+                with tf.compat.v1.device(setter):
+                    step = tf.compat.v1.Variable(tf.constant(0, tf.int64), trainable=False,
+                                                 name="step")
+                    variables = [tf.compat.v1.Variable(tf.zeros([max(1, nbytes // 4)]),
+                                                       trainable=False, name=f"message{i}")
+                                 for i in range(count)]
+                with tf.compat.v1.device(worker):  # the gradient: worker work on the pulled value
+                    grads = [v * 1e-3 for v in variables]
+                    optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                        tf.compat.v1.train.MomentumOptimizer(self.config.lr, self.config.momentum),
+                        replicas_to_aggregate=self.workers, total_num_replicas=self.workers)
+                    train_op = optimizer.apply_gradients(list(zip(grads, variables)), global_step=step)
+            self.calibration_ops[nbytes] = (train_op, count)
+            self.hooks.append(optimizer.make_session_run_hook(self.is_chief, num_tokens=0))
 
     def _input(self):
         if self.config.data == "synthetic":
@@ -226,7 +264,8 @@ class GraphPSTrainer(TensorFlowTrainer):
                                      self.is_chief)
             self.session = creator.create_session()
             self.coordinator = tf.train.Coordinator()
-            self.hook.after_create_session(self.session, self.coordinator)
+            for hook in self.hooks:
+                hook.after_create_session(self.session, self.coordinator)
 
     def _run(self, fetches, feed_dict=None):
         return self.session.run(fetches, feed_dict=feed_dict)
@@ -304,6 +343,38 @@ class GraphPSTrainer(TensorFlowTrainer):
 
     def last_loss(self):
         return float(self._loss) if self._loss is not None else float("nan")
+
+    # -- the performance model's inputs --------------------------------------------------------
+    # A step pushes every variable at once (googlenet 116, resnet50 161): so many messages in
+    # flight per calibration sample of a small size.
+    MAX_CALIBRATION_ITERS = 128
+
+    def comm_scheme(self):
+        """One push and pull per variable through SyncReplicasOptimizer over gRPC, priced
+        after backward.  TF's dataflow may start a push as soon as its gradient exists, but
+        the pulls come with the next forward and the update waits for every push; on this
+        kind of host the two profile kinds differed by 0-18% of the exchange (the record's
+        overlap), and without a contention probe an overlapping model would hide all of it."""
+        return {"label": "SyncReplicasOptimizer push/pull (gRPC)", "overlap": False,
+                "granularity": "tensor", "profile_granularity": "tensor", "algorithm": "ps",
+                "servers": self.servers, "transport": "grpc-ps"}
+
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
+        """Calibration: one sample per repeat of each size's push/pull step built in
+        `_build_calibration` (after a barrier of every worker), as seconds per message.  The
+        number of messages was fixed when the graph was built (`messages_per_sample` of the
+        run's loop_bytes), so `iters` is that number already."""
+        if not self.calibration_ops:
+            raise NotImplementedError("tf:ps builds its push/pull micro-benchmark only in "
+                                      "calibration mode (launchers.calibrate)")
+        times = {}
+        for nbytes in sizes:
+            if int(nbytes) not in self.calibration_ops:
+                raise ValueError(f"no tf:ps calibration step was built for {nbytes} bytes")
+            train_op, count = self.calibration_ops[int(nbytes)]
+            samples = self.time_collective(lambda: self._run(train_op), repeats, warmup, 1)
+            times[int(nbytes)] = [seconds / count for seconds in samples]
+        return times
 
     def barrier(self):
         """Every worker counts itself in on the first server, then waits for the others."""

@@ -269,17 +269,17 @@ def pool_samples(*samples: Mapping[int, Sequence[float]] | None) -> dict[int, li
 def pool_probes(*probes: Mapping | None) -> dict | None:
     """Contention probes of the same network taken at different times, as one probe: the
     rounds concatenated (each round's alone, sending and exchange times stay together, as
-    `fit_contention` pairs them; the exchange times only where every probe has them), the
-    ready times the element-wise mean.  None unless every probe is there and they timed the
-    same gradients."""
+    `fit_contention` pairs them; the exchange and replay times only where every probe has
+    them), the ready times the element-wise mean.  None unless every probe is there and they
+    timed the same gradients."""
     if not probes or any(not p for p in probes) or len({tuple(p["bytes"]) for p in probes}) != 1:
         return None
     ready = [p.get("ready_s") or [] for p in probes]
-    done = ({"done_s": [t for p in probes for t in p["done_s"]]}
-            if all(len(p.get("done_s") or []) == len(p["with_s"]) for p in probes) else {})
+    exchange = {key: [t for p in probes for t in p[key]] for key in ("done_s", "replay_s")
+                if all(len(p.get(key) or []) == len(p["with_s"]) for p in probes)}
     return {"bytes": list(probes[0]["bytes"]),
             "alone_s": [t for p in probes for t in p["alone_s"]],
-            "with_s": [t for p in probes for t in p["with_s"]], **done,
+            "with_s": [t for p in probes for t in p["with_s"]], **exchange,
             "ready_s": ([statistics.fmean(times) for times in zip(*ready)]
                         if all(len(r) == len(ready[0]) for r in ready) else ready[0])}
 
@@ -316,7 +316,12 @@ def fit_contention(probe: Mapping | None, scheme: Mapping | None,
     probe.  Each slowdown is the median over rounds of that round's ratio to its own alone
     run: a shared 2-core VM drifts by tens of percent between seconds, and the halves of a
     round see the same machine (four Horovod-gloo calibrations: 8-48% as a ratio of medians,
-    8-30% paired).  t_a: median alone.  (0, 0) without a probe or communication;
+    8-30% paired).  t_a: median alone.  Where the probe also replayed the exchange without
+    backward (`replay_s`), the exchange end is first moved by how much later (or sooner)
+    the replay ended than the model's uncontended schedule of it: that part is the
+    exchange's own (Horovod over MPI ended its replay 3.5 ms after the model's schedule, gloo
+    2 ms; without the replay the fit read kappa_c 0.72 and 0.2 from that probe, with it 0 and
+    0).  (0, 0) without a probe or communication;
     kappa_c = 0 for a probe without exchange ends; kappa 1 when even a backward stalled by
     every transfer would end sooner than the probe's."""
     if not probe or not probe.get("alone_s") or not probe.get("with_s"):
@@ -360,6 +365,14 @@ def fit_contention(probe: Mapping | None, scheme: Mapping | None,
         return kappa_for(0.0, backward_end), 0.0
     exchange_end = target("done_s")
     tolerances = [2 * t_a * max(median_standard_error(ratios(key)), 1e-3) for key in ("with_s", "done_s")]
+    replayed = probe.get("replay_s") or []
+    if len(replayed) == len(probe["with_s"]):
+        # The exchange alone ends `offset` later than the model's schedule of it: not
+        # contention, so the sending rounds' exchange end is compared without it.
+        alone_transfers, _ = pm.contended_schedule(grads, probe_scheme, comm_time, t_a, 0.0, 0.0)
+        offset = statistics.median(replayed) - max([0.0] + [t.end for t in alone_transfers])
+        exchange_end -= offset
+        tolerances[1] = math.hypot(tolerances[1], 2 * max(median_standard_error(replayed), 1e-3 * t_a))
     candidates = []
     for step in range(KAPPA_C_STEPS):  # kappa_c < 1, so the pair is never (1, 1)
         kappa_c = step / KAPPA_C_STEPS

@@ -244,6 +244,26 @@ def test_fitted_shares_reproduce_the_probe_and_prefer_the_least_transfer_content
     assert fitted_c <= kappa_c + 1 / cal.KAPPA_C_STEPS
 
 
+@pytest.mark.parametrize("kappa, kappa_c", [(0.5, 0.0), (0.3, 0.4)])
+def test_fit_contention_leaves_the_exchanges_own_lateness_to_the_replay(kappa, kappa_c):
+    """An exchange that ends 3 ms after the model's schedule of it whether or not backward
+    runs (a last cycle, waiting on handles: Horovod over MPI) is not contention.  Without the
+    replay the fit reads it as transfer contention; with the replay of the exchange alone,
+    also 3 ms late, it recovers the true shares (noise-free: within one grid step)."""
+    fit = horovod_like_fit(alpha_s=1.2e-3)
+    scheme = {"algorithm": "ring"}
+    probe = probe_with(kappa, kappa_c, fit, scheme, random.Random(0), sigma=0.0)
+    late = 3e-3
+    grads = [pm.Grad(f"probe{i}", f"probe{i}", n, r) for i, (n, r) in enumerate(zip(probe["bytes"], probe["ready_s"]))]
+    transfers, _ = pm.contended_schedule(grads, pm.Scheme.from_dict({**scheme, "granularity": "tensor", "overlap": True}),
+                                         pm.comm_time_function("ring", 2, fit.cost), probe["alone_s"][0], 0.0, 0.0)
+    late_probe = {**probe, "done_s": [t + late for t in probe["done_s"]]}
+    replayed = {**late_probe, "replay_s": [max(t.end for t in transfers) + late] * len(probe["with_s"])}
+    assert cal.fit_contention(late_probe, scheme, fit)[1] > kappa_c + 0.05  # taken for contention
+    fitted, fitted_c = cal.fit_contention(replayed, scheme, fit)
+    assert fitted == pytest.approx(kappa, abs=0.05) and fitted_c == pytest.approx(kappa_c, abs=1 / cal.KAPPA_C_STEPS)
+
+
 def test_fit_contention_without_exchange_ends_fits_kappa_alone():
     """A probe stored before probes timed the exchange (no done_s): kappa_c = 0 and kappa from
     backward's end."""
@@ -336,6 +356,8 @@ def test_pool_samples_and_probes():
     timed = cal.pool_probes({**before, "done_s": [1.7, 1.8]}, {**after, "done_s": [2.5]})
     assert timed["done_s"] == [1.7, 1.8, 2.5]  # exchange ends kept with their rounds
     assert "done_s" not in cal.pool_probes(before, {**after, "done_s": [2.5]})  # only where every probe has them
+    replayed = cal.pool_probes({**before, "replay_s": [0.4, 0.5]}, {**after, "replay_s": [0.6]})
+    assert replayed["replay_s"] == [0.4, 0.5, 0.6] and "done_s" not in replayed
 
 
 def test_closing_calibration_pools_both_windows_through_the_store(tmp_path):

@@ -357,7 +357,6 @@ def test_parse_latency(text, value):
 # is the one scheme held to the target without a calibration.
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi", "horovod:gloo",
                        "tf:collective", "tf:ps", "mxnet:dist_sync"]
-UNCALIBRATED = {("TensorFlow", "ps")}  # (framework_label, mode) predicted from measured comm
 
 
 def schemes_to_hold() -> list[str]:
@@ -421,7 +420,7 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     # what compare calibrated it calibrated again after the runs (pooled: two windows), not torch
     windows = {f"{c.framework}:{c.mode}": len(c.windows) for c in calibrations.itertuples()}
     assert windows.pop(f"{schemes[0]}:ddp") == 1 and set(windows.values()) == {2}, windows
-    assert len(windows) == len(schemes) - 1 - len(UNCALIBRATED), windows
+    assert len(windows) == len(schemes) - 1, windows
     print("\n" + tables.to_markdown(tables.calibration_table(calibrations)))
     table = tables.prediction_table(frame)
     shown = table[["framework_label", "model", "world_size", "measured_ms", "predicted_ms", "error_pct",
@@ -429,9 +428,7 @@ def test_model_predicts_loopback_campaigns_within_15_percent(tmp_path_factory):
     print("\n" + tables.to_markdown(shown))
     summary = tables.prediction_summary(frame)
     print(tables.to_markdown(summary))
-    expected = {key: predict.BASIS_MEASURED if key in UNCALIBRATED else "calibrated"
-                for key in zip(table["framework_label"], table["mode"])}
-    assert [expected[key] for key in zip(table["framework_label"], table["mode"])] == list(table["basis"])
+    assert set(table["basis"]) == {"calibrated"}, table[["framework_label", "mode", "basis"]]
     assert len(summary) == len(schemes)
     medians = scheme_medians(table)
     failing = [scheme for scheme, error in medians.items() if error > LIMIT]

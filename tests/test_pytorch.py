@@ -11,7 +11,8 @@ import os
 import pytest
 
 from adapters.registry import framework_info
-from tests.conftest import assert_ranks_equal_one_process, check_run, overlap_run, run_cli
+from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run, check_run,
+                            overlap_run, run_cli)
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +118,15 @@ def test_caffe_mpi_style_hides_its_allreduces_behind_backward_on_a_network_link(
         if run["overlap"] > 0.2:
             break
     assert max(overlaps) > 0.2, overlaps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["torch", "caffe-mpi-style"])
+def test_calibration_probes_contention_through_the_schemes_own_sending_path(tmp_path, scheme_python, framework):
+    """DDP's probe submits a copy of each gradient from a tensor hook; Caffe-MPI-style's arms
+    its own communication thread for the backward, as an iteration does.  Both replay the
+    exchange alone too (the model's exchange end, apart from contention)."""
+    times = calibration_run(tmp_path / "calibrate", scheme_python(framework), framework,
+                            framework_info(framework).modes[0])
+    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
+    assert_contention_probe(tmp_path / "calibrate")

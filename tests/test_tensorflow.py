@@ -264,3 +264,18 @@ def test_calibration_times_the_strategys_own_allreduce(tmp_path, tf_python):
     assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
     record = json.loads((tmp_path / "calibrate" / "calibration.json").read_text())
     assert record["contention"] is None  # one all-reduce after backward: nothing runs beside it
+
+
+@pytest.mark.slow
+def test_calibration_pushes_and_pulls_through_sync_replicas(tmp_path, tf_python):
+    """`launchers.calibrate --frameworks tf:ps`: per size, a SyncReplicasOptimizer step over
+    that many variables on the server (pull, gradient on the worker, push, the chief's
+    momentum update, the token), the exchange a training step makes; described as push/pull
+    with the run's servers over its own transport, so tf:collective's ring is never used
+    for it."""
+    times = calibration_run(tmp_path / "calibrate", tf_python, "tf", "ps", servers=1)
+    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
+    record = json.loads((tmp_path / "calibrate" / "calibration.json").read_text())
+    scheme = record["comm_scheme"]
+    assert (scheme["algorithm"], scheme["servers"], scheme["transport"]) == ("ps", 1, "grpc-ps")
+    assert record["contention"] is None  # priced after backward: no probe
