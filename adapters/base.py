@@ -236,10 +236,10 @@ class Trainer(abc.ABC):
     def contention_probe(self, rounds: int) -> dict:
         """Calibration of a scheme that overlaps: the communication-free backward timed alone
         and with every gradient sent through the framework's own asynchronous path as it
-        appears ({"bytes": per tensor, "alone_s", "with_s", "done_s" (and "replay_s" where
-        the adapter replays the exchange alone): per round, "ready_s": per tensor}, in send
-        order; see `adapters/calibration.py`).  NotImplementedError where the
-        adapter has none: the model then assumes communication takes nothing from backward."""
+        appears ({"bytes": per tensor, "alone_s", "with_s", "done_s", "replay_s": per round,
+        "ready_s": per tensor}, in send order; see `adapters/calibration.py`).
+        NotImplementedError where the adapter has none: the model then assumes communication
+        takes nothing from backward."""
         raise NotImplementedError(f"{type(self).__name__} has no contention probe")
 
     def probe_rounds(self, backward_once, rounds: int, replay=None) -> dict:

@@ -9,7 +9,8 @@ know about a scheme's communication stack, measured through the framework itself
   and backward slow each other down.  The probe (`Trainer.contention_probe`) times the
   calibration network's communication-free backward alone and with each gradient sent as it
   appears (as WFBP hooks and MXNet's engine send them), through the framework's own
-  asynchronous path, in alternating rounds, and when that exchange was back;
+  asynchronous path, in alternating rounds, and when that exchange was back, and the same
+  messages once more without backward (the exchange's own end);
   `analysis.calibration.fit_contention` turns them into the model's kappa and kappa_c.  On a
   CPU host whose cores the ranks' compute already fills, communication is CPU work too and
   cannot hide for free; on a GPU whose collectives run on their own engines both are near 0.

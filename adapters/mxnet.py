@@ -738,8 +738,9 @@ class MXNetTrainer(Trainer):
             buffer = mx.nd.zeros(grads[index].shape, ctx=self.contexts[0])
             self.kv.init(self.PROBE_KEYS + index, buffer)
             buffers.append(buffer)
+        sources = [mx.nd.zeros(grad.shape, ctx=self.contexts[0]) for grad in grads]
         rounds_ = self.probe_rounds(lambda send: self._probe_backward(grads, buffers if send else None),
-                                    rounds)
+                                    rounds, replay=lambda ready: self._probe_replay(sources, buffers, ready))
         ready = rounds_.pop("ready")
         return {"bytes": [int(g.size) * 4 for g in grads], **rounds_, "ready_s": ready}
 
@@ -763,6 +764,21 @@ class MXNetTrainer(Trainer):
         seconds = time.perf_counter() - start
         mx.nd.waitall()
         return seconds, ready, time.perf_counter() - start
+
+    def _probe_replay(self, sources, buffers, ready) -> float:
+        """The probe's exchange without backward: each key pushed and pulled as in
+        `_probe_backward`, at its ready time from the round's alone half (sleeping until
+        then), all waited for; seconds from the start until the last pull was back."""
+        last = len(sources) - 1
+        mx.nd.waitall()
+        start = time.perf_counter()
+        for index, (source, buffer, offset) in enumerate(zip(sources, buffers, ready)):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.kv.pushpull(self.PROBE_KEYS + index, source, out=buffer, priority=index - last)
+        mx.nd.waitall()
+        return time.perf_counter() - start
 
     # -- facts --------------------------------------------------------------------------------
     def _update_on_kvstore(self) -> bool:

@@ -181,12 +181,11 @@ def calibration_run(out: Path, python: str, framework: str, mode: str,
 ALEXNET_TINY_TENSORS = 16  # the calibration network: 8 layers with parameters, weight and bias
 
 
-def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS, replayed: bool = True) -> dict:
+def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS) -> dict:
     """The calibration record's contention probe (adapters/calibration.py): every round's
     backward alone and with a collective per parameter tensor, when that round's exchange was
-    back (never before its backward ended), with `replayed` when the same exchange alone was
-    back (never before its last message was sent), and the ready times of the `tensors`
-    parameter tensors in order."""
+    back (never before its backward ended), when the same exchange alone was back, and the
+    ready times of the `tensors` parameter tensors in order."""
     import json
     import statistics
 
@@ -197,10 +196,9 @@ def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS, repl
     assert len(probe["alone_s"]) == len(probe["with_s"]) == len(probe["done_s"]) == CONTENTION_ROUNDS
     assert min(probe["alone_s"] + probe["with_s"]) > 0
     assert all(done >= with_ for done, with_ in zip(probe["done_s"], probe["with_s"]))
-    if replayed:
-        assert len(probe["replay_s"]) == CONTENTION_ROUNDS
-        # sent at each round's own ready times: it cannot end long before the last of them
-        assert min(probe["replay_s"]) >= 0.5 * probe["ready_s"][-1] > 0
+    assert len(probe["replay_s"]) == CONTENTION_ROUNDS
+    # sent at each round's own ready times: it cannot end long before the last of them
+    assert min(probe["replay_s"]) >= 0.5 * probe["ready_s"][-1] > 0
     assert len(probe["bytes"]) == len(probe["ready_s"]) == tensors and min(probe["bytes"]) > 0
     assert probe["ready_s"] == sorted(probe["ready_s"]) and probe["ready_s"][-1] <= max(probe["alone_s"])
     print(f"contention probe: backward {statistics.median(probe['alone_s']) * 1e3:.1f} ms alone, "

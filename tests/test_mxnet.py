@@ -405,4 +405,4 @@ def test_calibration_pushes_keys_in_flight_through_the_servers_updater(tmp_path,
     probe pushes a key per gradient as backward writes it."""
     times = calibration_run(tmp_path / "calibrate", mxnet_python, "mxnet", "dist_sync", servers=1)
     assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
-    assert_contention_probe(tmp_path / "calibrate", replayed=False)
+    assert_contention_probe(tmp_path / "calibrate")
