@@ -352,9 +352,10 @@ def test_parse_latency(text, value):
 # end apart from the kvstore's pull into the gradient (before: 18-25% in 3 of 18, the probe
 # reading the exchange's end as backward's and the model hiding 25-45% of googlenet-tiny's
 # exchange), its runs' own iteration moving by 30% between campaigns.
-# TF ps 3-9%, predicted from its own measured pull + push: its SyncReplicasOptimizer exchange
-# (accumulators, token queue, the chief's update on the servers) has no micro-benchmark, so it
-# is the one scheme held to the target without a calibration.
+# TF ps 8-20% in five campaigns (session 10) since it is calibrated through its own
+# SyncReplicasOptimizer step (a small variable's exchange 0.39-0.48 ms there, 0.29-0.43 ms in
+# the runs); 3-11% before, when it was predicted from its own measured pull + push.
+# Session 10's three all-scheme campaigns, per scheme: README.md.
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi", "horovod:gloo",
                        "tf:collective", "tf:ps", "mxnet:dist_sync"]
 
