@@ -205,3 +205,13 @@ def assert_contention_probe(out: Path, tensors: int = ALEXNET_TINY_TENSORS) -> d
           f"{statistics.median(probe['with_s']) * 1e3:.1f} ms with a collective per tensor, exchange back at "
           f"{statistics.median(probe['done_s']) * 1e3:.1f} ms")
     return probe
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a campaign a test interrupts with SIGINT, as Ctrl-C at a terminal
+    would: a shell starts background jobs with SIGINT ignored, Python then never raises
+    KeyboardInterrupt, and a suite run as `.ci/run &` saw the campaign finish as if never
+    interrupted (exit 0, not 130)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_cli, worker_processes
+from tests.conftest import REPO_ROOT, default_sigint, run_cli, worker_processes
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
 ROOT = os.geteuid() == 0
@@ -242,7 +242,7 @@ def start_hanging_campaign(out: Path) -> subprocess.Popen:
          "alexnet-tiny", "--nodes", "2", "--workers", "1", "--cluster", "emulated",
          "--bandwidth", "100Mbit", "--inject-fault", "hang:1", "--timeout", "600",
          "--out", str(out), *FAST], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_sigint)
 
 
 def namespaces_with_ranks(campaign: subprocess.Popen) -> list[str]:
