@@ -269,6 +269,19 @@ class Trainer(abc.ABC):
                 **({"replay_s": replayed[1:]} if replay is not None else {}),
                 "ready": ready[median_run]}
 
+    def replay_at(self, offsets, send, wait) -> float:
+        """A probe's replay, paced: `send(i)` once `offsets[i]` seconds have passed since the
+        start (sleeping until then), then `wait()`; seconds from the start until it returned."""
+        self.sync()
+        start = time.perf_counter()
+        for index, offset in enumerate(offsets):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            send(index)
+        wait()
+        return time.perf_counter() - start
+
     def time_collective(self, call, repeats: int, warmup: int, iters: int) -> list[float]:
         """`collective_times`' samples of one message: `warmup` untimed calls (connections,
         tracing), then per sample a barrier and the mean seconds of `iters` back-to-back

@@ -770,15 +770,8 @@ class MXNetTrainer(Trainer):
         `_probe_backward`, at its ready time from the round's alone half (sleeping until
         then), all waited for; seconds from the start until the last pull was back."""
         last = len(sources) - 1
-        mx.nd.waitall()
-        start = time.perf_counter()
-        for index, (source, buffer, offset) in enumerate(zip(sources, buffers, ready)):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            self.kv.pushpull(self.PROBE_KEYS + index, source, out=buffer, priority=index - last)
-        mx.nd.waitall()
-        return time.perf_counter() - start
+        return self.replay_at(ready, lambda i: self.kv.pushpull(self.PROBE_KEYS + i, sources[i], out=buffers[i],
+                                                                priority=i - last), mx.nd.waitall)
 
     # -- facts --------------------------------------------------------------------------------
     def _update_on_kvstore(self) -> bool:

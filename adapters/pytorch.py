@@ -453,16 +453,12 @@ class TorchTrainer(Trainer):
         than the fitted per-message cost says (Horovod's last cycle, a handle's wait), the
         sending half's exchange ends later by as much with no contention at all."""
         tensors = [torch.zeros_like(params[index]) for index, _ in stamps]
-        self.sync()
-        start = time.perf_counter()
         handles = []
-        for tensor, (index, offset) in zip(tensors, stamps):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            handles.append(self.submit_collective(tensor, f"dlcompare.probe.{index}"))
-        self._probe_wait(handles)
-        return time.perf_counter() - start
+
+        def send(i):
+            handles.append(self.submit_collective(tensors[i], f"dlcompare.probe.{stamps[i][0]}"))
+
+        return self.replay_at([offset for _, offset in stamps], send, lambda: self._probe_wait(handles))
 
 
 def allreduce_flat(grads: list, world_size: int) -> None:
