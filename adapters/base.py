@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -133,6 +134,13 @@ class Trainer(abc.ABC):
         self.spec = spec
         self.config = config
         self.dist = dist
+
+    @classmethod
+    def for_run(cls, config: RunConfig) -> type["Trainer"]:
+        """The class that runs `config` for this mode: itself, unless the mode hands some
+        topologies to another class (TensorFlow's parameter-server modes run one worker on the
+        single-device path, with no server started)."""
+        return cls
 
     @classmethod
     def serve(cls, config: RunConfig, role: str, index: int) -> int:
@@ -325,6 +333,4 @@ def cpu_name() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()

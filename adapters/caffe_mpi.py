@@ -229,4 +229,4 @@ class CaffeMpiStyleTrainer(TorchTrainer):
         return lambda: allreduce_average(tensor, self.comm, self.dist.world_size)
 
 
-TRAINER = CaffeMpiStyleTrainer
+TRAINERS = {"mpi": CaffeMpiStyleTrainer}

@@ -35,6 +35,7 @@ import numpy as np
 
 from adapters.base import DistInfo, FrameworkUnavailable, RunConfig, Trainer
 from adapters.data import SyntheticBatches
+from core.envs import EnvBuildError, environment_for
 from models import layers as L
 
 BACKEND = Path(__file__).with_name("cntk_backend.py")
@@ -73,7 +74,6 @@ def backend_python() -> str:
             raise FrameworkUnavailable(f"DLC_BACKEND_PYTHON={python} is not an interpreter")
         return python
     try:
-        from launchers.envs import EnvBuildError, environment_for
         env = environment_for(BACKEND_ENV)
     except EnvBuildError as error:
         raise FrameworkUnavailable(f"CNTK 2.7 {error}") from None
@@ -268,4 +268,4 @@ class CntkTrainer(Trainer):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-TRAINER = CntkTrainer
+TRAINERS = {"mpi": CntkTrainer}

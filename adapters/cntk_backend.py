@@ -32,9 +32,12 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
+import warnings
 
 # This file sits beside adapters/cntk.py, and a script's folder comes first on sys.path: without
 # this, `import cntk` would find dlcompare's adapter instead of CNTK.
@@ -63,7 +66,6 @@ def system_library(prefix):
     folders, or None."""
     found = []
     try:
-        import subprocess
         listing = subprocess.check_output(["ldconfig", "-p"], stderr=subprocess.DEVNULL,
                                           universal_newlines=True)
         found = re.findall(r"\s(" + re.escape(prefix) + r"\.(\d+)) .*=> (\S+)", listing)
@@ -116,7 +118,6 @@ def ensure_mpi_shim():
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:
-        import tempfile
         folder = os.path.join(tempfile.gettempdir(), "dlc-cntk-mpi-shim-%d" % os.getuid())
         os.makedirs(folder, exist_ok=True)
     for soname, target in targets.items():
@@ -322,9 +323,10 @@ class Backend(object):
         self.communicator = None
 
     def op_hello(self, request):
-        import warnings
         # CNTK warns on import that this is not Ubuntu and that GPU libraries are missing
         warnings.filterwarnings("ignore", module="cntk")
+        # imported at the first request, once the MPI shim is on the library path: a failed
+        # import is then the answer to `hello`, not a dead backend
         import numpy
         import cntk
         self.C, self.np = cntk, numpy

@@ -38,4 +38,4 @@ class CntkStyleTrainer(TorchTrainer):
                 "profile_granularity": "whole", "algorithm": "ring", "transport": self.backend}
 
 
-TRAINER = CntkStyleTrainer
+TRAINERS = {"allreduce": CntkStyleTrainer}

@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 NOISE = 0.5
 JPEG_QUALITY = 90
@@ -60,7 +61,23 @@ def rank_batch_start(step: int, rank: int, world_size: int, batch_per_worker: in
     return (step * world_size + rank) * batch_per_worker
 
 
-class SyntheticBatches:
+class Cycle:
+    """Endless iteration over a fixed list of batches (in whatever form a framework keeps them:
+    NumPy, device tensors, NDArrays), so a synthetic input costs nothing per step."""
+
+    def __init__(self, batches: list):
+        self.batches, self.position = batches, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.batches[self.position % len(self.batches)]
+        self.position += 1
+        return batch
+
+
+class SyntheticBatches(Cycle):
     """A small pool of pre-generated batches for one rank, cycled forever.
 
     Generated once so the timed loop measures the framework, not NumPy; the pool has several
@@ -70,22 +87,13 @@ class SyntheticBatches:
     def __init__(self, spec, batch_per_worker: int, rank: int, world_size: int, seed: int,
                  pool: int = 4):
         templates = class_templates(spec.num_classes, spec.input_shape, seed)
-        self.batches = [
+        super().__init__([
             synthetic_batch(
                 seed, rank_batch_start(step, rank, world_size, batch_per_worker),
                 batch_per_worker, spec.input_shape, spec.num_classes, templates,
             )
             for step in range(pool)
-        ]
-        self.position = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
-        batch = self.batches[self.position % len(self.batches)]
-        self.position += 1
-        return batch
+        ])
 
 
 # ----------------------------------------------------------------------------- JPEG files
@@ -102,8 +110,6 @@ def make_jpeg_dataset(root: Path, spec, images_per_class: int = 16, seed: int = 
     model's input so the loaders do real decode + crop work. Written into a temporary folder
     and renamed, so an interrupted generation never leaves a half data set behind.
     """
-    from PIL import Image
-
     root = Path(root)
     if (root / DATASET_MARKER).exists():
         return root
@@ -142,8 +148,6 @@ def list_jpeg_dataset(root: Path) -> list[tuple[str, int]]:
 
 def decode_jpeg(path: str, height: int, width: int) -> np.ndarray:
     """Decode, centre-crop to (height, width) and normalise to a CHW float32 array."""
-    from PIL import Image
-
     with Image.open(path) as image:
         pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
     top = (pixels.shape[0] - height) // 2

@@ -282,4 +282,4 @@ class HorovodTrainer(TorchTrainer):
             hvd.shutdown()
 
 
-TRAINER = HorovodTrainer
+TRAINERS = {"gloo": HorovodTrainer, "mpi": HorovodTrainer}

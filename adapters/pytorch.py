@@ -472,4 +472,4 @@ def allreduce_flat(grads: list, world_size: int) -> None:
         offset += grad.numel()
 
 
-TRAINER = TorchTrainer
+TRAINERS = {"ddp": TorchTrainer}

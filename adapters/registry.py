@@ -1,8 +1,11 @@
-"""The one place that knows which frameworks exist, how each is launched and where it lives.
+"""The one place that knows which frameworks exist, how each is launched and where it lives:
+per framework its adapter module, modes, environment (envs/<env>.txt), rendezvous kind
+(launchers/rendezvous/<kind>.py) and container image (docker/<image>.Dockerfile).
 
-Imports no framework: the launcher reads this table to build plans, environments and
+Imports no framework: the launcher reads this table to build plans, environments, images and
 rendezvous, and only the worker (inside the framework's own environment) imports the adapter
-module itself through `load_trainer`.
+module itself through `load_trainer`, which returns the adapter's class for the run's mode (the
+module's `TRAINERS`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from dataclasses import dataclass
 class FrameworkInfo:
     """What the launcher must know about one framework adapter without importing it.
 
-    `rendezvous` names how ranks find each other (see launchers/rendezvous.py): every framework
-    gets its rendezvous its own way (MASTER_ADDR for torch, TF_CONFIG, DMLC_* for ps-lite, MPI).
+    `rendezvous` names how ranks find each other (a module of launchers/rendezvous/): every
+    framework gets its rendezvous its own way (MASTER_ADDR for torch, TF_CONFIG, DMLC_* for
+    ps-lite, MPI).
     """
 
     name: str  # CLI name
@@ -31,6 +35,9 @@ class FrameworkInfo:
     # A second environment whose interpreter the adapter drives (CNTK's Python 3.6); its
     # python reaches the worker as DLC_BACKEND_PYTHON.
     backend_env: str | None = None
+    # The container image (launchers/images.py IMAGES, docker/<image>.Dockerfile) holding
+    # `env`; None: the framework runs in virtualenvs only.
+    image: str | None = None
 
 
 FRAMEWORKS: dict[str, FrameworkInfo] = {
@@ -42,6 +49,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("ddp",),
         synchronous_modes=("ddp",),
         rendezvous="torch",
+        image="pytorch",
     ),
     "tf": FrameworkInfo(
         name="tf",
@@ -53,6 +61,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("collective", "ps", "ps-async", "mirrored"),
         synchronous_modes=("collective", "ps", "mirrored"),
         rendezvous="tf",
+        image="tensorflow",
         server_modes=("ps", "ps-async"),
         servers_with_one_worker=False,
     ),
@@ -76,6 +85,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("allreduce",),
         synchronous_modes=("allreduce",),
         rendezvous="torch",
+        image="pytorch",
     ),
     "caffe-mpi-style": FrameworkInfo(
         name="caffe-mpi-style",
@@ -85,6 +95,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("mpi",),
         synchronous_modes=("mpi",),
         rendezvous="mpi",
+        image="pytorch",
     ),
     "horovod": FrameworkInfo(
         name="horovod",
@@ -96,6 +107,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("gloo", "mpi"),
         synchronous_modes=("gloo", "mpi"),
         rendezvous="horovod",
+        image="pytorch",
     ),
     "mxnet": FrameworkInfo(
         name="mxnet",
@@ -107,6 +119,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         modes=("dist_sync", "dist_device_sync", "local", "device", "nccl"),
         synchronous_modes=("dist_sync", "dist_device_sync", "local", "device", "nccl"),
         rendezvous="dmlc",
+        image="mxnet",
         server_modes=("dist_sync", "dist_device_sync"),
     ),
 }
@@ -136,7 +149,12 @@ def parse_framework_mode(text: str) -> tuple[FrameworkInfo, str]:
     return info, mode
 
 
-def load_trainer(name: str):
-    """Import the adapter module (and so the framework) and return its Trainer class."""
+def load_trainer(name: str, mode: str):
+    """Import the adapter module (and so the framework) and return the Trainer class of `mode`
+    (the module's `TRAINERS`, one class per mode)."""
     module = importlib.import_module(framework_info(name).module)
-    return module.TRAINER
+    try:
+        return module.TRAINERS[mode]
+    except KeyError:
+        raise UnknownFramework(f"{module.__name__} has no trainer for mode {mode!r} "
+                               f"(it has: {', '.join(module.TRAINERS)})") from None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -23,8 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters.base import DistInfo, FrameworkUnavailable, RunConfig, cpu_name
+from adapters.base import DistInfo, FrameworkUnavailable, RunConfig
+from adapters.calibration import run_calibration
+from adapters.data import rank_batch_start, synthetic_batch
+from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic
 from adapters.registry import framework_info, load_trainer
+from analysis.perfmodel import split_backward_by_flops
 from analysis.record import PHASES, empty_record, phase_entry
 from models import canonical_weights, get_model
 
@@ -133,8 +136,6 @@ def overlap_fraction(backward: float, comm: float, backward_comm: float) -> floa
 def run_check(trainer, config: RunConfig, spec, dist: DistInfo) -> None:
     """Equivalence mode: dump loss + local gradients on this rank's first batch, then take
     `steps` SGD steps and dump the weights, for comparison against other runs/frameworks."""
-    from adapters.data import rank_batch_start, synthetic_batch
-
     out = Path(config.check["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     start = rank_batch_start(0, dist.rank, dist.world_size, config.batch_per_worker)
@@ -194,8 +195,6 @@ def model_extra(spec, results: list[dict], backward: float, slowest: dict | None
       a synchronous iteration waits in every round for whichever rank is slowest in that round,
       which on a busy machine is more than any one rank's median.
     """
-    from analysis.perfmodel import split_backward_by_flops
-
     extra = {"rank_comm_s": [r["profile"].get("comm") for r in results],
              "rank_phases_s": [{p: r["profile"].get(p) for p in PHASES} for r in results]}
     if slowest:
@@ -323,32 +322,6 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
     return record
 
 
-def environment(versions: dict) -> dict:
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
-            **versions}
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float))
-    os.replace(tmp, path)
-
-
-def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0,
-                        name: str = "rank{rank}.json") -> list[dict]:
-    """Read every rank's file `name` (formatted with rank); they are written before a barrier,
-    so this is brief."""
-    deadline = time.monotonic() + timeout
-    paths = [rank_dir / name.format(rank=r) for r in range(world_size)]
-    while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline:
-            missing = [p.name for p in paths if not p.exists()]
-            raise RuntimeError(f"rank results missing after barrier: {missing}")
-        time.sleep(0.05)
-    return [json.loads(p.read_text()) for p in paths]
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m adapters.worker RUN.json", file=sys.stderr)
@@ -356,12 +329,13 @@ def main(argv: list[str]) -> int:
     config = RunConfig.from_json(argv[0])
     role = os.environ.get("DLC_ROLE", "worker")
     if role != "worker":  # a parameter server, scheduler, ...: the adapter serves the workers
-        return load_trainer(config.framework).serve(config, role,
+        return load_trainer(config.framework, config.mode).serve(config, role,
                                                     int(os.environ.get("DLC_ROLE_INDEX", "0")))
     dist = DistInfo.from_env()
     spec = get_model(config.model)
     try:
-        trainer = load_trainer(config.framework)(spec, config, dist)
+        trainer_class = load_trainer(config.framework, config.mode).for_run(config)
+        trainer = trainer_class(spec, config, dist)
     except FrameworkUnavailable as error:
         print(f"unavailable: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -372,8 +346,6 @@ def main(argv: list[str]) -> int:
             trainer.barrier()
             return 0
         if config.calibrate:
-            from adapters.calibration import run_calibration
-
             run_calibration(trainer, config, dist)
             trainer.barrier()
             return 0

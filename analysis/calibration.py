@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, Sequence
 
 from analysis import perfmodel as pm
 from analysis.perfmodel import LinkCost, invert_fit
+from analysis.units import parse_bandwidth, parse_latency
 
 KIB = 1024
 DEFAULT_MIN_BYTES = 1 * KIB
@@ -457,8 +458,6 @@ def relink(fit: CalibrationFit, bandwidth: str, latency: str) -> CalibrationFit:
     too; what the software stack costs per byte and per message stays.  This is what lets a
     calibration at one bandwidth predict another, e.g. the report's prediction line across a
     bandwidth sweep."""
-    from analysis.predict import parse_bandwidth, parse_latency  # predict imports this module
-
     def per_byte(text: str) -> float:
         return 1.0 / (parse_bandwidth(text) * PAYLOAD_EFFICIENCY) if text else 0.0
 

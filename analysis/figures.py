@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
 import textwrap
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -25,6 +28,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis import tables  # noqa: E402
+from analysis.units import UnitError, parse_bandwidth  # noqa: E402
 
 DPI = 120
 PANEL_SIZE = (6.4, 4.4)
@@ -191,11 +195,9 @@ def _bandwidth_gbit(text) -> float:
     """'1Gbit' -> 1.0, '200Mbit' -> 0.2 (Gbit/s); NaN for an unshaped run."""
     if tables._missing(text) or not str(text).strip():
         return math.nan
-    from analysis.predict import PredictError, parse_bandwidth
-
     try:
         return parse_bandwidth(str(text)) * 8 / 1e9
-    except PredictError:
+    except UnitError:
         return math.nan
 
 
@@ -408,13 +410,8 @@ def make_figures(frame: pd.DataFrame, out_dir: str | Path, workers: int | None =
     fork, or any failure of the pool draws them one after another in this process.
     """
     global _SHARED_FRAME
-    import multiprocessing
-    import os
-
     workers = min(len(FIGURES), os.cpu_count() or 1) if workers is None else workers
     if workers > 1 and len(frame) and "fork" in multiprocessing.get_all_start_methods():
-        from concurrent.futures import ProcessPoolExecutor
-
         _SHARED_FRAME = frame
         try:
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:

@@ -40,8 +40,8 @@ profile, and a catalogue of schemes (no overlap, WFBP, MG-WFBP-style merging, bu
 parameter server) on a reference profile, at every node count x bandwidth x latency: iteration
 time, exposed communication, speedup S(N) = N t(1) / t(N) and efficiency E = S / N, with
 N = nodes x workers per node, alpha = latency, beta = 1 / bandwidth, gamma from the
-calibration.  Prints a table, writes CSV, Markdown and an SVG plot.  Standard library only
-(no pandas, no matplotlib), so it answers in well under a second.
+calibration.  Prints a table, writes CSV, Markdown and an SVG plot.  Run from any Python 3: the
+command moves itself into the launcher's environment first, like `analysis.report`.
 """
 
 from __future__ import annotations
@@ -51,14 +51,23 @@ import csv
 import html
 import io
 import math
-import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from analysis import perfmodel as pm
-from analysis.calibration import CalibrationFit, lookup
+from core.cli import OneLineParser, fail
+from core.envs import reexec_in_host_env
+
+if __name__ == "__main__":  # `python3 -m analysis.predict` from any Python: the store reads into pandas
+    reexec_in_host_env("analysis.predict", sys.argv[1:])
+
+from analysis import perfmodel as pm  # noqa: E402
+from analysis.calibration import CalibrationFit, lookup  # noqa: E402
+from analysis.store import ResultStore, StoreError  # noqa: E402
+from analysis.units import (UnitError, format_bandwidth, format_latency, items,  # noqa: E402
+                            parse_bandwidth, parse_counts, parse_latency)
+from models import UnknownModel, get_model  # noqa: E402
 
 BASIS_SINGLE = "single worker"
 BASIS_MEASURED = "measured comm (no calibration)"
@@ -74,10 +83,8 @@ class PredictError(ValueError):
 def _model_tensors(model: str) -> tuple[tuple[str, str, int], ...] | None:
     """(tensor, layer, bytes) in send order (reverse parameter order); None if unknown."""
     try:
-        from models import get_model
-
         spec = get_model(model)
-    except Exception:  # noqa: BLE001 - an unknown model gets no prediction, not a crash
+    except UnknownModel:  # an unknown model gets no prediction, not a crash
         return None
     out = []
     for name, shape in reversed(list(spec.parameter_shapes().items())):
@@ -87,8 +94,6 @@ def _model_tensors(model: str) -> tuple[tuple[str, str, int], ...] | None:
 
 @lru_cache(maxsize=32)
 def _model_layer_rows(model: str) -> tuple[tuple[str, int, bool], ...]:
-    from models import get_model
-
     return tuple((row.name, row.flops, row.params > 0) for row in get_model(model).layer_table())
 
 
@@ -336,56 +341,6 @@ def predict_stored(store, record: dict, console=None) -> dict | None:
     return found[0] if found else None
 
 
-# --------------------------------------------------------------------------- units
-
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 2.0 ** 10, "KI": 2.0 ** 10, "ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40}
-_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-_BANDWIDTH = re.compile(_NUMBER + r"\s*(k|K|M|G|T|Ki|KI|ki|Mi|Gi|Ti)?(bit|bits|b|B|byte|bytes)(/s|ps)?")
-_LATENCY = re.compile(_NUMBER + r"\s*(ns|us|µs|μs|ms|s)")
-_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-def parse_bandwidth(text: str) -> float:
-    """'10Gbit', '10 Gbit/s', '10Gbps', '1.25GB/s', '400MB', '1Gibit' -> bytes per second.
-
-    A unit is required: b/bit(s) are bits, B/byte(s) bytes; k, M, G, T are powers of 1000,
-    Ki, Mi, Gi, Ti of 1024."""
-    match = _BANDWIDTH.fullmatch(text.strip())
-    if not match:
-        raise PredictError(f"cannot read bandwidth {text!r}: give a number and a unit, e.g. 10Gbit or 1.25GB/s")
-    value = float(match.group(1)) * _PREFIX[match.group(2) or ""]
-    if match.group(3) in ("bit", "bits", "b"):
-        value /= 8
-    if value <= 0:
-        raise PredictError(f"bandwidth must be positive, got {text!r}")
-    return value
-
-
-def parse_latency(text: str) -> float:
-    """'5us', '5 µs', '0.05ms', '100ns', '1e-6s' -> seconds (a unit is required; 0 allowed)."""
-    match = _LATENCY.fullmatch(text.strip())
-    if not match:
-        raise PredictError(f"cannot read latency {text!r}: give a number and a unit, e.g. 5us or 0.2ms")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
-
-
-def _items(text: str, what: str) -> list[str]:
-    items = [part.strip() for part in str(text).split(",") if part.strip()]
-    if not items:
-        raise PredictError(f"{what} is empty")
-    return list(dict.fromkeys(items))
-
-
-def parse_counts(text: str, what: str) -> list[int]:
-    values = []
-    for item in _items(text, what):
-        if not re.fullmatch(r"[0-9]+", item) or int(item) < 1:
-            raise PredictError(f"{what} must be whole numbers >= 1, got {item!r}")
-        values.append(int(item))
-    return sorted(set(values))
-
-
 # --------------------------------------------------------------------------- what-if
 
 CATALOGUE: dict[str, pm.Scheme] = {
@@ -409,21 +364,6 @@ class Candidate:
     profile: pm.Profile
     source: str
     fit: CalibrationFit | None
-
-
-def _fmt_bandwidth(bytes_per_s: float) -> str:
-    bits = round(bytes_per_s * 8, 3)  # 1 / (1 / x) is not always x
-    for unit, size in (("Tbit", 1e12), ("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
-        if bits >= size:
-            return f"{bits / size:g}{unit}"
-    return f"{bits:g}bit"
-
-
-def _fmt_latency(seconds: float) -> str:
-    for unit, size in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= size * (1 - 1e-9):
-            return f"{round(seconds / size, 9):g}{unit}"
-    return f"{seconds / 1e-9:g}ns"
 
 
 def candidates(records: list[dict], fits: list[CalibrationFit], model: str, batch: int | None,
@@ -523,8 +463,8 @@ def whatif_grid(candidates_: list[Candidate], nodes: list[int], bandwidths: list
                         pm.single_worker_prediction(cand.profile)
                     s = pm.speedup(t_one, prediction.iter_time, p)
                     rows.append({"scheme": cand.name, "profile": cand.source, "nodes": n, "workers": p,
-                                 "bandwidth": _fmt_bandwidth(1 / cost.beta) if cost.beta > 0 else "inf",
-                                 "latency": _fmt_latency(cost.alpha) if cost.alpha > 0 else "0",
+                                 "bandwidth": format_bandwidth(1 / cost.beta) if cost.beta > 0 else "inf",
+                                 "latency": format_latency(cost.alpha) if cost.alpha > 0 else "0",
                                  "iter_ms": prediction.iter_time * 1e3, "t1_ms": t_one * 1e3,
                                  "comm_exposed_ms": prediction.comm_exposed * 1e3,
                                  "speedup": s, "efficiency": pm.efficiency(s, p)})
@@ -633,10 +573,6 @@ def svg_plot(rows: list[dict], title: str) -> str:
     return "\n".join(out) + "\n"
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
@@ -667,17 +603,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> tuple[list[dict], dict[str, Path]]:
-    from analysis.store import ResultStore, StoreError
-
     nodes = parse_counts(args.nodes, "--nodes")
     workers_per_node = parse_counts(args.workers_per_node, "--workers-per-node")
     if len(workers_per_node) != 1:
         raise PredictError("--workers-per-node takes one number")
-    bandwidths = [parse_bandwidth(b) for b in _items(args.bandwidth, "--bandwidth")] if args.bandwidth else [None]
-    latencies = [parse_latency(lat) for lat in _items(args.latency, "--latency")] if args.latency else [None]
+    bandwidths = [parse_bandwidth(b) for b in items(args.bandwidth, "--bandwidth")] if args.bandwidth else [None]
+    latencies = [parse_latency(lat) for lat in items(args.latency, "--latency")] if args.latency else [None]
     batch = parse_counts(args.batch, "--batch")[0] if args.batch else None
     servers = parse_counts(args.ps, "--ps")[0] if args.ps else None
-    names = _items(args.schemes, "--schemes")
+    names = items(args.schemes, "--schemes")
     if names == ["all"]:
         names = ["stored", *CATALOGUE]
     unknown = [n for n in names if n != "stored" and n not in CATALOGUE]
@@ -715,9 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rows, written = run(args)
-    except PredictError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (PredictError, UnitError) as exc:
+        return fail(exc)
     print(text_table(rows))
     for kind, path in written.items():
         print(f"{kind}: {path}")

@@ -14,7 +14,6 @@ gives a one-line error and exit status 2.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -25,9 +24,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pandas is in the host env
-    from launchers.envs import reexec_in_host_env
+from core.cli import OneLineParser, fail
+from core.envs import reexec_in_host_env
 
+if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pandas is in the host env
     reexec_in_host_env("analysis.report", sys.argv[1:])
 
 import pandas as pd  # noqa: E402
@@ -550,15 +550,14 @@ def build_report(out_dir: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis.report DIR``: (re)build a campaign's report and print its path."""
-    parser = argparse.ArgumentParser(prog="python -m analysis.report",
+    parser = OneLineParser(prog="python -m analysis.report",
                                      description="Build the HTML report of a dlcompare campaign folder.")
     parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
     args = parser.parse_args(argv)
     try:
         print(build_report(args.out_dir))
     except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     return 0
 
 

@@ -36,7 +36,9 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from analysis.calibration import CalibrationFit
+import pandas as pd
+
+from analysis.calibration import CalibrationFit, summarize
 from analysis.record import PHASES, RUN_COLUMNS, RUN_FIELDS, STATUSES
 
 STORE_FILENAME = "results.sqlite"
@@ -339,8 +341,6 @@ class ResultStore:
         """Store one fitted calibration with its timings ({bytes: [seconds, ...]}); a stored
         calibration with the same framework, mode, device and topology is replaced.  Returns
         the new calibration_id."""
-        from analysis.calibration import summarize
-
         row = fit.as_row()
         names = ", ".join(CALIBRATION_COLUMNS + ("measured_at", "env_json", "extra_json"))
         marks = ", ".join("?" * (len(CALIBRATION_COLUMNS) + 3))
@@ -456,8 +456,6 @@ class ResultStore:
         """One row per stored calibration as a pandas DataFrame (columns of `calibrations`
         without env and extra, plus ``windows``: the own fit of each calibration pooled into
         it, a list of {measured_at, fit_a_s, fit_b_s_per_byte}; empty in older stores)."""
-        import pandas as pd
-
         rows = [{**{k: v for k, v in row.items() if k not in ("env", "extra")},
                  "windows": row["extra"].get("windows") or []} for row in self.calibrations()]
         return pd.DataFrame(rows, columns=["calibration_id", *CALIBRATION_COLUMNS, "measured_at", "windows"])
@@ -514,8 +512,6 @@ class ResultStore:
         ``phase_<name>_pred_s`` (predicted) so that tables need no join.  Every phase of
         `record.PHASES` has its columns even when no run measured it.
         """
-        import pandas as pd  # lazy: the what-if CLI reads the store without pandas
-
         rows = self._query("SELECT * FROM runs ORDER BY started_at, rowid")
         base = []
         for row in rows:
@@ -532,8 +528,6 @@ class ResultStore:
 
     def _phase_columns(self):
         """Wide per-run phase times: index run_id, columns phase_<p>_s / phase_<p>_pred_s."""
-        import pandas as pd  # lazy: the what-if CLI reads the store without pandas
-
         rows = self._query("SELECT run_id, phase, measured_s, predicted_s FROM phases ORDER BY rowid")
         long = pd.DataFrame([dict(row) for row in rows], columns=["run_id", "phase", "measured_s", "predicted_s"])
         names = list(PHASES) + [p for p in dict.fromkeys(long["phase"]) if p not in PHASES]
@@ -550,8 +544,6 @@ class ResultStore:
         Columns: run_id, phase, phase_order (position in `record.PHASES`, others after),
         measured_s, predicted_s, and `PHASE_CONTEXT_COLUMNS`.
         """
-        import pandas as pd  # lazy: the what-if CLI reads the store without pandas
-
         context = ", ".join(f"r.{name}" for name in PHASE_CONTEXT_COLUMNS)
         rows = self._query(
             f"SELECT p.run_id, p.phase, p.measured_s, p.predicted_s, {context} "
@@ -584,8 +576,6 @@ class ResultStore:
 
 def _typed(frame):
     """Give run columns stable dtypes: nullable Int64 for INTEGER, float64 for REAL."""
-    import pandas as pd  # lazy: the what-if CLI reads the store without pandas
-
     for name in frame.columns:
         sqltype = _COLUMN_TYPES.get(name)
         if sqltype == "INTEGER":
@@ -599,8 +589,6 @@ def _typed(frame):
 
 def _with_phase_columns(frame):
     """An empty runs frame still carries the phase columns."""
-    import pandas as pd  # lazy: the what-if CLI reads the store without pandas
-
     for name in PHASES:
         frame[f"phase_{name}_s"] = pd.Series(dtype="float64")
         frame[f"phase_{name}_pred_s"] = pd.Series(dtype="float64")

@@ -6,13 +6,13 @@ against the one-worker run, then one row per failed run; details live in the rep
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-if __name__ == "__main__":  # `python3 -m analysis.summary` from any Python: pandas is in the host env
-    from launchers.envs import reexec_in_host_env
+from core.cli import OneLineParser, fail
+from core.envs import reexec_in_host_env
 
+if __name__ == "__main__":  # `python3 -m analysis.summary` from any Python: pandas is in the host env
     reexec_in_host_env("analysis.summary", sys.argv[1:])
 
 import pandas as pd  # noqa: E402
@@ -134,14 +134,13 @@ def print_summary(out_dir: str | Path, console: Console | None = None) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis.summary DIR``: print a campaign's summary table."""
-    parser = argparse.ArgumentParser(prog="python -m analysis.summary", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m analysis.summary", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
     args = parser.parse_args(argv)
     try:
         print_summary(args.out_dir)
     except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     return 0
 
 

@@ -23,7 +23,7 @@ def reexec_in_framework_env(env_name: str, module: str, **variables: str) -> Non
     """Re-run `python -m module` (same arguments) in the framework's environment, once."""
     if os.environ.get(IN_ENV_VAR) == "1":
         return
-    from launchers.envs import REPO_ROOT, ensure_environment
+    from core.envs import REPO_ROOT, ensure_environment
 
     env = ensure_environment(env_name, log=print)
     os.environ.update({IN_ENV_VAR: "1", "PYTHONPATH": str(REPO_ROOT), **variables})
@@ -58,7 +58,7 @@ def medians(timings: dict[str, list[float]]) -> dict[str, float]:
 def run_compare(arguments: list[str], out: Path) -> int:
     """`python -m launchers.compare ARGUMENTS --out OUT` as a user runs it (so every number is
     also in that campaign's store, report and tables); returns its exit code."""
-    from launchers.envs import REPO_ROOT
+    from core.envs import REPO_ROOT
 
     command = [sys.executable, "-m", "launchers.compare", *arguments, "--out", str(out)]
     return subprocess.run(command, cwd=REPO_ROOT).returncode

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from launchers.envs import REPO_ROOT, reexec_in_host_env
+from core.envs import REPO_ROOT, reexec_in_host_env
 
 FRAMEWORKS = "torch,cntk-style,caffe-mpi-style,horovod:gloo,tf:collective,mxnet:dist_sync"
 

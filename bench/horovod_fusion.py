@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from adapters.base import RunConfig
-from launchers.envs import REPO_ROOT, ensure_environment
+from core.envs import REPO_ROOT, ensure_environment
 from launchers.local import run_local
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launchers.envs import REPO_ROOT, reexec_in_host_env
+from core.envs import REPO_ROOT, reexec_in_host_env
 
 GRID = ["--nodes", "2,4,8,16", "--bandwidth", "10Gbit,56Gbit,100Gbit", "--latency", "5us,50us"]
 SCHEMES = {

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launchers.envs import REPO_ROOT, reexec_in_host_env
+from core.envs import REPO_ROOT, reexec_in_host_env
 
 SCHEMES = [
     ("torch", "PyTorch DDP", "ddp", {"overlap": True, "granularity": "bucket", "bucket_bytes": 25 * 2 ** 20,

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from bench import run_compare
-from launchers.envs import reexec_in_host_env
+from core.envs import reexec_in_host_env
 
 SCHEMES = "torch,cntk-style,caffe-mpi-style,horovod:gloo,horovod:mpi"
 HEADER = (f"{'model':10s} {'scheme':22s} {'b':>3s} {'iter ms':>8s} {'p10-p90':>13s} "

@@ -34,7 +34,7 @@ def keras_model(spec, weights, dropout: bool):
     import tensorflow as tf
     from tensorflow import keras
 
-    from adapters.tensorflow import TFModel, window_padding
+    from adapters.tensorflow.model import TFModel, window_padding
     from models import layers as L
     from models.spec import pool_output_size
 
@@ -131,14 +131,14 @@ def measure(model_name: str, batch: int, iterations: int, rounds: int, threads: 
 
     from adapters.base import DistInfo, RunConfig
     from adapters.data import synthetic_batch
-    from adapters.tensorflow import TensorFlowTrainer
+    from adapters.tensorflow.strategy import SingleDeviceTrainer
     from models import canonical_weights, get_model
 
     spec = get_model(model_name)
     weights = canonical_weights(spec)
     config = RunConfig(run_id="bench", framework="tf", mode="collective", model=model_name,
                        batch_per_worker=batch, threads_per_worker=threads)
-    trainer = TensorFlowTrainer(spec, config, DistInfo())
+    trainer = SingleDeviceTrainer(spec, config, DistInfo())
     trainer.load_weights(weights)
 
     model = keras_model(spec, weights, dropout=True)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bench import run_compare, stored_runs
-from launchers.envs import reexec_in_host_env
+from core.envs import reexec_in_host_env
 
 
 def main(argv: list[str] | None = None) -> int:

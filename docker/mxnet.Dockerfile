@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # MXNet image: framework mxnet (kvstore local, device, dist_sync, dist_device_sync), one
 # virtualenv from envs/mxnet.txt (MXNet 1.9.1, NumPy < 1.24) installed by the project's own
-# builder (launchers/envs.py). Built by `python -m launchers.images build mxnet`.
+# builder (core/envs.py). Built by `python -m launchers.images build mxnet`.
 #
 # Build arguments:
 #   BASE    the image to build on. Default: the Debian base the project makes with debootstrap.
@@ -14,13 +14,13 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 --user-group dlcompare
 WORKDIR /opt/dlcompare
-COPY project/launchers/envs.py launchers/envs.py
+COPY project/core/ core/
 COPY envs/ envs/
 ARG DEVICE=cpu
 RUN --mount=type=bind,source=pip,target=/pip \
     if [ "$DEVICE" = cuda ]; then sed -i 's/^mxnet==/mxnet-cu112==/' envs/mxnet.txt; fi \
  && PIP_CONFIG_FILE=/pip/pip.conf \
-    python3 -m launchers.envs install --venv /opt/venv mxnet \
+    python3 -m core.envs install --venv /opt/venv mxnet \
  && rm -rf /var/lib/apt/lists/*
 COPY project/ /opt/dlcompare/
 ENV PATH=/opt/venv/bin:$PATH \

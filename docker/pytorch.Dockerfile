@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # PyTorch image: frameworks torch (DDP), cntk-style, caffe-mpi-style (mpi4py over OpenMPI) and
 # horovod (gloo and MPI), all in one virtualenv holding envs/torch-mpi.txt and envs/horovod.txt
-# (+ horovod.build.txt), installed by the project's own builder (launchers/envs.py) so the image
+# (+ horovod.build.txt), installed by the project's own builder (core/envs.py) so the image
 # has exactly the local environments' pins. Built by `python -m launchers.images build pytorch`,
 # which stages envs/, the project and any local wheels into the build context.
 #
@@ -18,12 +18,12 @@ RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends python3 python3-venv python3-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/dlcompare
-COPY project/launchers/envs.py launchers/envs.py
+COPY project/core/ core/
 COPY envs/ envs/
 # The `# apt:` lines of the env files (OpenMPI, cmake, g++, make) are installed by the builder.
 RUN --mount=type=bind,source=pip,target=/pip \
     PIP_CONFIG_FILE=/pip/pip.conf \
-    python3 -m launchers.envs install --venv /opt/venv torch-mpi horovod
+    python3 -m core.envs install --venv /opt/venv torch-mpi horovod
 
 # ---- final stage: the runtime only ----
 FROM ${BASE}

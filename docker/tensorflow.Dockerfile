@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # TensorFlow image: framework tf (collective, ps, ps-async, mirrored), one virtualenv from
 # envs/tf.txt then envs/tf.nodeps.txt (--no-deps), installed by the project's own builder
-# (launchers/envs.py). Built by `python -m launchers.images build tensorflow`.
+# (core/envs.py). Built by `python -m launchers.images build tensorflow`.
 #
 # Build arguments:
 #   BASE    the image to build on. Default: the Debian base the project makes with debootstrap.
@@ -15,13 +15,13 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 --user-group dlcompare
 WORKDIR /opt/dlcompare
-COPY project/launchers/envs.py launchers/envs.py
+COPY project/core/ core/
 COPY envs/ envs/
 ARG DEVICE=cpu
 RUN --mount=type=bind,source=pip,target=/pip \
     if [ "$DEVICE" = cuda ]; then sed -i 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' envs/tf.txt; fi \
  && PIP_CONFIG_FILE=/pip/pip.conf \
-    python3 -m launchers.envs install --venv /opt/venv tf \
+    python3 -m core.envs install --venv /opt/venv tf \
  && rm -rf /var/lib/apt/lists/*
 COPY project/ /opt/dlcompare/
 ENV PATH=/opt/venv/bin:$PATH \

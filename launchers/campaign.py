@@ -21,13 +21,20 @@ from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
 from adapters.registry import framework_info
 from analysis.predict import predict_stored
 from analysis.record import empty_record
+from analysis.report import build_report
+from analysis.store import ResultStore, StoreError
+from analysis.summary import print_summary
+from core.cli import fail, interrupt_on_termination
+from core.envs import REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home, ensure_environment
 from launchers import plan as planning
-from launchers.envs import (REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home,
-                            ensure_environment)
-from launchers.cluster import ClusterError, LocalCluster, make_cluster, parse_cluster, preflight
+from launchers.calibration_runs import calibrate_campaign
+from launchers.cluster import ClusterError, LocalCluster, parse_cluster
+from launchers.cluster.transports import make_cluster, preflight
+from launchers.container_runtime import ContainerImages
+from launchers.engine import find_engine
+from launchers.images import ensure_image, image_for
 from launchers.local import planned_commands, run_local
 from models import get_model
-
 
 
 def make_console(stream) -> Console:
@@ -70,44 +77,9 @@ def campaign_from_args(args) -> planning.Campaign:
     if campaign.runtime == "container" and getattr(args, "calibrate", False):
         raise planning.UsageError("--calibrate runs on the local runtime only so far; "
                                   "calibrate first without --runtime container")
-    set_cluster(campaign, args)
+    planning.set_cluster(campaign, args)
     planning.check_batch_fits(campaign)
     return campaign
-
-
-def set_cluster(campaign: planning.Campaign, args) -> None:
-    """--cluster, --bandwidth, --latency into the campaign, checked (UsageError)."""
-    from analysis.predict import parse_bandwidth, parse_latency
-    from launchers.cluster import ClusterError, parse_cluster
-
-    try:
-        spec = parse_cluster(getattr(args, "cluster", None))
-    except ClusterError as error:
-        raise planning.UsageError(str(error)) from None
-    campaign.cluster = spec.label
-    campaign.bandwidths = planning.parse_links(getattr(args, "bandwidth", None), "--bandwidth",
-                                               parse_bandwidth)
-    campaign.latencies = planning.parse_links(getattr(args, "latency", None), "--latency",
-                                              parse_latency)
-    shaped = campaign.bandwidths != [None] or campaign.latencies != [None]
-    if shaped and spec.kind != "emulated":
-        raise planning.UsageError("--bandwidth and --latency shape the links of --cluster "
-                                  "emulated; a real cluster's network is what it is")
-    if spec.kind == "local" and campaign.nodes != [1]:
-        raise planning.UsageError("--nodes above 1 needs a cluster transport: --cluster "
-                                  "emulated, hostfile:FILE or slurm")
-    if spec.kind == "emulated" and max(campaign.nodes) > 16:
-        raise planning.UsageError("--cluster emulated runs at most 16 nodes on one host")
-    if spec.kind == "hostfile":  # read now: a malformed hostfile is bad input
-        from launchers.cluster.ssh import read_hostfile
-
-        try:
-            nodes = read_hostfile(spec.path)
-        except ClusterError as error:
-            raise planning.UsageError(str(error)) from None
-        if max(campaign.nodes) > len(nodes):
-            raise planning.UsageError(f"--nodes {max(campaign.nodes)} but {spec.path} lists "
-                                      f"{len(nodes)} node(s)")
 
 
 def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[str]) -> None:
@@ -139,15 +111,11 @@ def prepare_images(campaign: planning.Campaign):
 
     The interpreters are the images' own. A framework without an image is reported and
     skipped; a failed build is an error (EnvBuildError)."""
-    from launchers.container_runtime import ContainerImages
-    from launchers.engine import find_engine
-    from launchers.images import ensure_image, image_for_env
-
     containers = ContainerImages(find_engine(log=console.print))
     pythons, unavailable = {}, {}
     for info, _ in campaign.frameworks:
-        spec = image_for_env(info.env)
-        if spec is None or info.backend_env:
+        spec = image_for(info)
+        if spec is None:
             unavailable[info.name] = "no container image for this framework yet"
             console.print(f"[yellow]{info.name}: cannot run in a container: "
                           f"{unavailable[info.name]}[/yellow]")
@@ -342,18 +310,7 @@ def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster) 
                           markup=False, highlight=False, soft_wrap=True)
 
 
-def raise_interrupt(signum, frame):
-    """SIGTERM ends a campaign like Ctrl-C: runs killed, cluster torn down, stored runs kept."""
-    raise KeyboardInterrupt
-
-
 def run_campaign_cli(args, argv: list[str]) -> int:
-    import signal
-
-    from analysis.report import build_report
-    from analysis.store import ResultStore, StoreError
-    from analysis.summary import print_summary
-
     cluster = None
     try:
         campaign = campaign_from_args(args)
@@ -375,18 +332,15 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         pythons, unavailable, containers = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]
         prepare_data(campaign, pending)
-        signal.signal(signal.SIGTERM, raise_interrupt)
+        interrupt_on_termination()  # SIGTERM ends the campaign like Ctrl-C
         cluster = make_cluster(spec, campaign)
     except (planning.UsageError, EnvBuildError, StoreError, ClusterError) as error:
-        print(f"dlcompare: error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     try:
         store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
         store.set_meta("settings", planning.campaign_summary(campaign))
         calibrating = getattr(args, "calibrate", False)
         if calibrating:  # alpha, beta of each transport, where missing
-            from launchers.calibrate import calibrate_campaign
-
             opened = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
         for note in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)

@@ -14,14 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launchers.envs import reexec_in_host_env
+from core.cli import OneLineParser
+from core.envs import reexec_in_host_env
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"dlcompare: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)  # usage errors before any environment is built
     reexec_in_host_env("launchers.compare", argv)
-    from launchers.campaign import run_campaign_cli
+    from launchers.campaign import run_campaign_cli  # after the re-exec: pandas, rich, the adapters' records
 
     return run_campaign_cli(args, argv)
 

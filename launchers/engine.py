@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launchers.envs import EnvBuildError, dlcompare_home, ensure_apt_packages
+from core.envs import EnvBuildError, dlcompare_home, ensure_apt_packages
 
 # What podman needs on Debian, installed by the builder (as root) when no engine works.
 PODMAN_APT = ["podman", "runc", "buildah"]

@@ -11,7 +11,7 @@ virtualenvs are built from), the project's sources, and what pip on this machine
 with (its certificate bundle and the wheels of its `find-links` folders: bind-mounted during
 the install step, never copied into a layer).
 
-Caching, the way launchers/envs.py keys virtualenvs: an image is tagged
+Caching, the way core/envs.py keys virtualenvs: an image is tagged
 `localhost/dlcompare/<image>:<inputs digest>`, the digest covering the Dockerfile, every staged
 file, the pip configuration and the staged wheels' names and sizes, the base image's id and the build arguments. An image
 whose tag exists is reused without running the engine's build at all; a changed input builds a
@@ -38,14 +38,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from adapters.registry import FRAMEWORKS, FrameworkInfo
+from core.cli import OneLineParser, fail
+from core.envs import (REPO_ROOT, EnvBuildError, build_helper_files, build_requirements_file,
+                       dlcompare_home, ensure_apt_packages, nodeps_requirements_file,
+                       reexec_in_host_env, requirements_dir, requirements_file)
 from launchers.engine import Engine, EngineError, find_engine
-from launchers.envs import (REPO_ROOT, EnvBuildError, build_helper_files,
-                            build_requirements_file, dlcompare_home, ensure_apt_packages,
-                            nodeps_requirements_file, reexec_in_host_env, requirements_dir,
-                            requirements_file)
 
 DOCKER_DIR = REPO_ROOT / "docker"
-PROJECT_PARTS = ("adapters", "models", "analysis", "launchers", "pyproject.toml")
+PROJECT_PARTS = ("core", "models", "analysis", "adapters", "launchers", "pyproject.toml")
 IMAGE_PREFIX = "localhost/dlcompare"
 INPUTS_LABEL = "org.dlcompare.inputs"
 BASE_APT = ["debootstrap"]
@@ -58,7 +59,6 @@ class ImageSpec:
 
     name: str
     installs: tuple[str, ...]
-    serves: tuple[str, ...]  # environment names (adapters/registry.py `env`) it stands for
     python: str = "/opt/venv/bin/python"
 
     @property
@@ -71,9 +71,9 @@ class ImageSpec:
 
 
 IMAGES: dict[str, ImageSpec] = {
-    "pytorch": ImageSpec("pytorch", ("torch-mpi", "horovod"), ("torch", "torch-mpi", "horovod")),
-    "tensorflow": ImageSpec("tensorflow", ("tf",), ("tf",)),
-    "mxnet": ImageSpec("mxnet", ("mxnet",), ("mxnet",)),
+    "pytorch": ImageSpec("pytorch", ("torch-mpi", "horovod")),
+    "tensorflow": ImageSpec("tensorflow", ("tf",)),
+    "mxnet": ImageSpec("mxnet", ("mxnet",)),
 }
 
 
@@ -94,15 +94,14 @@ class ImageError(EngineError):
 
 # --------------------------------------------------------------------------- naming
 
-def image_for_env(env: str) -> ImageSpec | None:
-    """The image that holds environment `env` (a framework's `env` in the registry)."""
-    return next((spec for spec in IMAGES.values() if env in spec.serves), None)
+def image_for(info: FrameworkInfo) -> ImageSpec | None:
+    """The image that holds a framework's environment (its `image` in the registry), None
+    where it has none."""
+    return IMAGES[info.image] if info.image else None
 
 
 def resolve_images(names: list[str]) -> list[ImageSpec]:
     """Image names or framework CLI names (torch, tf, ...) to images; none given: all."""
-    from adapters.registry import FRAMEWORKS
-
     if not names:
         return list(IMAGES.values())
     found: dict[str, ImageSpec] = {}
@@ -110,8 +109,8 @@ def resolve_images(names: list[str]) -> list[ImageSpec]:
         if name in IMAGES:
             found[name] = IMAGES[name]
         elif name in FRAMEWORKS:
-            spec = image_for_env(FRAMEWORKS[name].env)
-            if spec is None or FRAMEWORKS[name].backend_env:
+            spec = image_for(FRAMEWORKS[name])
+            if spec is None:
                 raise ImageError(f"framework {name!r} has no container image yet "
                                  f"(images: {', '.join(IMAGES)})")
             found[spec.name] = spec
@@ -395,10 +394,6 @@ def remove_older_tags(engine: Engine, spec: ImageSpec, keep: str) -> None:
 
 # --------------------------------------------------------------------------- CLI
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"dlcompare: error: {message}\n")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m launchers.images",
@@ -422,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     reexec_in_host_env("launchers.images", argv)
-    from rich.console import Console
+    from rich.console import Console  # after the re-exec: rich is in the host environment
 
     console = Console(stderr=True)
     try:
@@ -438,8 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                    else f"built in {image.built_s:.0f} s")
             console.print(f"{image.tag}  {image.id[:19]}  {image.size / 2**20:.0f} MiB  {how}")
     except EnvBuildError as error:  # EngineError and ImageError too
-        print(f"dlcompare: error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     except KeyboardInterrupt:
         print("dlcompare: interrupted", file=sys.stderr)
         return 130

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from adapters.base import RunConfig
 from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
+from analysis.units import parse_bandwidth, parse_latency
+from launchers.cluster import ClusterError, parse_cluster
+from launchers.cluster.ssh import read_hostfile
 from models import MODEL_NAMES, get_model
 
 # Per-worker batch when --batch-size is not given. GPU values are the study's per-GPU batches;
@@ -174,6 +177,36 @@ def links_for(campaign: Campaign, nodes: int) -> list[tuple[str | None, str | No
     if nodes == 1:
         return [(None, None)]
     return [(b, lat) for b in campaign.bandwidths for lat in campaign.latencies]
+
+
+def set_cluster(campaign, args) -> None:
+    """--cluster, --bandwidth, --latency into the campaign, checked (UsageError)."""
+    try:
+        spec = parse_cluster(getattr(args, "cluster", None))
+    except ClusterError as error:
+        raise UsageError(str(error)) from None
+    campaign.cluster = spec.label
+    campaign.bandwidths = parse_links(getattr(args, "bandwidth", None), "--bandwidth",
+                                               parse_bandwidth)
+    campaign.latencies = parse_links(getattr(args, "latency", None), "--latency",
+                                              parse_latency)
+    shaped = campaign.bandwidths != [None] or campaign.latencies != [None]
+    if shaped and spec.kind != "emulated":
+        raise UsageError("--bandwidth and --latency shape the links of --cluster "
+                                  "emulated; a real cluster's network is what it is")
+    if spec.kind == "local" and campaign.nodes != [1]:
+        raise UsageError("--nodes above 1 needs a cluster transport: --cluster "
+                                  "emulated, hostfile:FILE or slurm")
+    if spec.kind == "emulated" and max(campaign.nodes) > 16:
+        raise UsageError("--cluster emulated runs at most 16 nodes on one host")
+    if spec.kind == "hostfile":  # read now: a malformed hostfile is bad input
+        try:
+            nodes = read_hostfile(spec.path)
+        except ClusterError as error:
+            raise UsageError(str(error)) from None
+        if max(campaign.nodes) > len(nodes):
+            raise UsageError(f"--nodes {max(campaign.nodes)} but {spec.path} lists "
+                                      f"{len(nodes)} node(s)")
 
 
 def parse_links(text: str | None, what: str, parse) -> list[str | None]:

@@ -6,9 +6,10 @@ parameters, forward FLOPs, gradient bytes), printed so a user can check a model 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from core.cli import OneLineParser, fail
 
 from .spec import ModelSpec
 from .zoo import MODEL_NAMES, UnknownModel, get_model
@@ -52,7 +53,7 @@ def summary_text(spec: ModelSpec) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models",
+    parser = OneLineParser(prog="python -m models",
                                      description="Describe the study's reference networks.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the model names")
@@ -67,8 +68,7 @@ def main(argv=None) -> int:
     try:
         spec = get_model(args.name)
     except UnknownModel as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     print(json.dumps(summary_json(spec), indent=1) if args.json else summary_text(spec))
     return 0
 

@@ -8,7 +8,7 @@ the set-up a clean clone needs besides the system packages .ci/run installs.
 import sys
 from pathlib import Path
 
-from launchers.envs import reexec_in_host_env
+from core.envs import reexec_in_host_env
 
 if __name__ == "__main__":
     reexec_in_host_env("tests", sys.argv[1:])

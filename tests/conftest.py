@@ -39,7 +39,7 @@ def worker_processes(marker: str) -> list:
 @pytest.fixture(scope="session")
 def torch_python() -> str:
     """The PyTorch environment's interpreter, built from envs/torch.txt on first use."""
-    from launchers.envs import ensure_environment
+    from core.envs import ensure_environment
 
     return str(ensure_environment("torch", log=print).python)
 
@@ -47,7 +47,7 @@ def torch_python() -> str:
 @pytest.fixture(scope="session")
 def mxnet_python() -> str:
     """The MXNet environment's interpreter, built from envs/mxnet.txt on first use."""
-    from launchers.envs import ensure_environment
+    from core.envs import ensure_environment
 
     return str(ensure_environment("mxnet", log=print).python)
 
@@ -55,7 +55,7 @@ def mxnet_python() -> str:
 @pytest.fixture(scope="session")
 def tf_python() -> str:
     """The TensorFlow environment's interpreter, built from envs/tf.txt (+ tf.nodeps.txt)."""
-    from launchers.envs import ensure_environment
+    from core.envs import ensure_environment
 
     return str(ensure_environment("tf", log=print).python)
 

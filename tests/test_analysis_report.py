@@ -179,7 +179,7 @@ def test_cli_without_store_gives_one_line_and_exit_2(tmp_path, capsys):
         for folder in (tmp_path, tmp_path / "missing"):
             assert main([str(folder)]) == 2
             err = capsys.readouterr().err
-            assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+            assert len(err.strip().splitlines()) == 1 and err.startswith("dlcompare: error: ")
     assert not (tmp_path / "results.sqlite").exists()  # reading never creates a store
 
 

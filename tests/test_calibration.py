@@ -364,7 +364,7 @@ def test_closing_calibration_pools_both_windows_through_the_store(tmp_path):
     """What `compare --calibrate` does after the runs (launchers.calibrate.pooled_result): the
     stored calibration's timings and probe plus the new ones, fitted together.  A first window
     on a machine 60% slower per message and a second normal one fit a between the two."""
-    from launchers.calibrate import pooled_result
+    from launchers.calibration_runs import pooled_result
 
     rng = random.Random(1)
     normal = pm.LinkCost(alpha=250e-6, beta=1e-9)
@@ -404,7 +404,7 @@ def test_closing_calibration_finds_the_one_before_by_the_stores_whole_key(tmp_pa
     1-server calibration (it returns at once, having nothing of its own to close), while the
     1-server one is (it goes on, here to a one-line failure: no environment given)."""
     from adapters.registry import framework_info
-    from launchers.calibrate import calibrate_one
+    from launchers.calibration_runs import calibrate_one
 
     points = synthetic_points(pm.LinkCost(alpha=250e-6, beta=1e-9), 2, random.Random(2), sigma=0.02, outliers=0.0)
     settings = {"servers": 1, "device": "cpu", "out": tmp_path, "sizes": SIZES, "repeats": 10, "warmup": 1,

@@ -1,4 +1,4 @@
-"""`python -m adapters.check`: the cross-framework conformance command, as a user runs it."""
+"""`python -m launchers.check`: the cross-framework conformance command, as a user runs it."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ def assert_one_line_error(result, needle: str) -> None:
     (["--model", "alexnet-tiny", "--frobnicate"], "--frobnicate"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
-    assert_one_line_error(run_cli("adapters.check", *args, timeout=120), needle)
+    assert_one_line_error(run_cli("launchers.check", *args, timeout=120), needle)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny", "resnet50-tiny"])
 def test_torch_and_tf_agree_on_tiny_models(torch_python, tf_python, model):
-    result = run_cli("adapters.check", "--frameworks", "torch,tf", "--model", model)
+    result = run_cli("launchers.check", "--frameworks", "torch,tf", "--model", model)
     print(result.stdout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "torch:ddp vs tf:collective" in result.stdout
@@ -43,7 +43,7 @@ def test_torch_and_tf_agree_on_tiny_models(torch_python, tf_python, model):
 @pytest.mark.slow
 def test_a_real_disagreement_fails(torch_python, tf_python):
     """A limit no two float32 implementations meet: the command must say FAIL and exit 1."""
-    result = run_cli("adapters.check", "--frameworks", "torch,tf", "--model", "alexnet-tiny",
+    result = run_cli("launchers.check", "--frameworks", "torch,tf", "--model", "alexnet-tiny",
                      "--tolerance", "1e-30")
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "FAIL" in result.stdout

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from adapters.base import RunConfig
-from adapters.check import TOLERANCE, relative_error
+from analysis.equivalence import TOLERANCE, relative_error
 from adapters.registry import framework_info
-from launchers.envs import REPO_ROOT, EnvUnavailable, ensure_environment
+from core.envs import REPO_ROOT, EnvUnavailable, ensure_environment
 from launchers.local import run_local
 from models import canonical_weights, get_model
 from tests.conftest import assert_ranks_equal_one_process, load, run_cli
@@ -96,7 +96,7 @@ def test_cntk_equals_torch(tmp_path, cntk_env, torch_python, model, steps):
     """Loss, gradients and the weights after `steps` momentum-SGD steps, CNTK vs PyTorch.
 
     resnet50-tiny takes one step: its batch norm over 2 samples is ill-conditioned (PyTorch
-    float32 against float64 already differs by ~4e-4, see adapters/check.py) and a few steps at
+    float32 against float64 already differs by ~4e-4, see analysis/equivalence.py) and a few steps at
     this learning rate amplify that; the other two take 3 steps, so momentum is exercised."""
     env = {"DLC_BACKEND_PYTHON": cntk_env["backend"]}
     ours = check_run(tmp_path, cntk_env["python"], "cntk", model, 2, steps, extra_env=env)

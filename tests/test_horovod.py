@@ -12,7 +12,7 @@ import pytest
 
 from adapters.base import DistInfo, RunConfig
 from adapters.registry import parse_framework_mode
-from launchers.envs import REPO_ROOT
+from core.envs import REPO_ROOT
 from launchers.rendezvous import processes_for
 from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run,
                             load, overlap_run)
@@ -62,7 +62,7 @@ def test_ranks_come_from_horovodrun_when_the_launcher_sets_no_dlc_rank(monkeypat
 
 
 def test_environment_recipe_covers_the_build_step_and_the_compiler_wrapper():
-    from launchers.envs import (apt_packages, build_requirements_file, build_variables,
+    from core.envs import (apt_packages, build_requirements_file, build_variables,
                                 requirements_dir, requirements_text)
 
     text = requirements_text("horovod")
@@ -96,7 +96,7 @@ def test_compiler_wrapper_turns_cxx14_into_cxx17(tmp_path):
 @pytest.fixture(scope="module")
 def horovod_python() -> str:
     """The Horovod environment's interpreter; built (Horovod compiled, minutes) on first use."""
-    from launchers.envs import ensure_environment
+    from core.envs import ensure_environment
 
     return str(ensure_environment("horovod", log=print).python)
 

@@ -21,7 +21,7 @@ import pytest
 
 from adapters.base import RunConfig
 from adapters.registry import UnknownFramework, parse_framework_mode
-from launchers.envs import REPO_ROOT
+from core.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
 from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run,
@@ -250,10 +250,10 @@ def test_nccl_without_gpus_is_recorded_as_unavailable(tmp_path, mxnet_python):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny", "resnet50-tiny"])
 def test_same_loss_gradients_and_step_as_pytorch(model, mxnet_python, torch_python):
-    """adapters.check (one worker each, same weights and batch): loss, every gradient and the
+    """launchers.check (one worker each, same weights and batch): loss, every gradient and the
     one-step change of every parameter and BN statistic within its tolerance, against torch
     DDP, for the default (dist_sync, through a real server) and the local kvstore."""
-    result = run_cli("adapters.check", "--frameworks", "torch,mxnet,mxnet:local",
+    result = run_cli("launchers.check", "--frameworks", "torch,mxnet,mxnet:local",
                      "--model", model)
     print(result.stdout[-3000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from analysis import perfmodel as pm
-from analysis import predict, report, tables
+from analysis import predict, report, tables, units
 from analysis.calibration import CalibrationFit
 from analysis.store import ResultStore
-from launchers.envs import EnvUnavailable, ensure_environment
+from core.envs import EnvUnavailable, ensure_environment
 from models import get_model
 from tests.conftest import run_cli
 from tests.test_analysis_data import make_campaign, make_record
@@ -329,13 +329,13 @@ def test_whatif_without_store(tmp_path, capsys):
                                         ("1.25GB/s", 1.25e9), ("100Mbit", 12.5e6), ("1Gibit", 2 ** 30 / 8),
                                         ("400MB", 400e6), ("56Gb/s", 7e9)])
 def test_parse_bandwidth(text, value):
-    assert predict.parse_bandwidth(text) == pytest.approx(value)
+    assert units.parse_bandwidth(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text,value", [("5us", 5e-6), ("5 µs", 5e-6), ("0.05ms", 5e-5), ("100ns", 1e-7),
                                         ("1e-6s", 1e-6), ("0us", 0.0)])
 def test_parse_latency(text, value):
-    assert predict.parse_latency(text) == pytest.approx(value)
+    assert units.parse_latency(text) == pytest.approx(value)
 
 
 # --------------------------------------------------------------------------- the real thing

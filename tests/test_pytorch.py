@@ -18,7 +18,7 @@ from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_proc
 @pytest.fixture(scope="module")
 def scheme_python(request):
     """Interpreter of each scheme's environment, built once per module."""
-    from launchers.envs import ensure_environment
+    from core.envs import ensure_environment
 
     cache = {}
 

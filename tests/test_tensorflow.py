@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.envs import REPO_ROOT
+from core.envs import REPO_ROOT
 from tests.conftest import assert_ranks_equal_one_process, calibration_run, check_run, run_cli, worker_processes
 
 MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
@@ -55,7 +55,7 @@ GEOMETRY = r"""
 import json
 import numpy as np
 import tensorflow as tf
-from adapters.tensorflow import TFModel
+from adapters.tensorflow.model import TFModel
 from models import MODEL_NAMES, canonical_weights, get_model
 
 out = {}
@@ -94,14 +94,15 @@ import json, tempfile
 import numpy as np
 from adapters.base import DistInfo, FrameworkUnavailable, RunConfig
 from adapters.data import decode_jpeg, list_jpeg_dataset, make_jpeg_dataset
-from adapters.tensorflow import TensorFlowTrainer, decode_jpeg_tf
+from adapters.tensorflow.inputs import decode_jpeg_tf
+from adapters.tensorflow.strategy import CollectiveTrainer
 from models import get_model
 
 spec = get_model("alexnet-tiny")
 config = RunConfig(run_id="x", framework="tf", mode="collective", model=spec.name,
                    batch_per_worker=2, options={"layout": "NCHW"})
 try:
-    TensorFlowTrainer(spec, config, DistInfo())
+    CollectiveTrainer(spec, config, DistInfo())
     refused = ""
 except FrameworkUnavailable as error:
     refused = str(error)
@@ -125,11 +126,11 @@ FUSED_PROFILE = r"""
 import json, time
 import numpy as np
 from adapters.base import DistInfo, RunConfig
-from adapters.tensorflow import TensorFlowTrainer
+from adapters.tensorflow.strategy import CollectiveTrainer
 from models import canonical_weights, get_model
 
 spec = get_model("alexnet-tiny")
-trainer = TensorFlowTrainer(spec, RunConfig(run_id="x", framework="tf", mode="collective",
+trainer = CollectiveTrainer(spec, RunConfig(run_id="x", framework="tf", mode="collective",
                                             model=spec.name, batch_per_worker=4), DistInfo())
 trainer.load_weights(canonical_weights(spec, 0))
 state = lambda: {**trainer.export_weights(), **{k + "/m": v.numpy() for k, v in trainer.slots.items()}}
@@ -175,7 +176,7 @@ def test_environment_has_tf_keras_without_the_full_tensorflow_wheel(tf_python):
 
 
 def test_nodeps_requirements_are_part_of_the_environment_digest(tmp_path, monkeypatch):
-    from launchers import envs
+    from core import envs
 
     (tmp_path / "x.txt").write_text("numpy==2.4.6\n")
     monkeypatch.setenv("DLCOMPARE_REQUIREMENTS", str(tmp_path))

@@ -10,6 +10,9 @@
   - `slurm` (launchers/cluster/slurm.py): real nodes of a Slurm allocation, one sbatch job per
     run, srun or the framework's launcher inside it.
 
+The transports are imported and chosen in one place, launchers/cluster/transports.py
+(`preflight`, `make_cluster`); this module holds what they share.
+
 A transport gives the local transport (launchers/local.py) what it needs to place a run:
 `hosts(run)` (one `Host` per node: address, launcher name, interface) and `wrappers(run)`
 (command wrappers such as `ip netns exec NS ...` or `ssh NODE ...`), so every framework's
@@ -79,35 +82,3 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def preflight(spec: ClusterSpec) -> None:
-    """What the transport needs from this machine (root, tools), checked before anything is
-    built or stored: a ClusterError in one line."""
-    if spec.kind == "emulated":
-        from launchers.cluster.emulated import check_can_emulate
-
-        check_can_emulate()
-    elif spec.kind == "slurm":
-        from launchers.cluster.slurm import SlurmCluster
-
-        SlurmCluster()
-
-
-def make_cluster(spec: ClusterSpec, campaign, dry_run: bool = False):
-    """The transport for `spec`, set up for `campaign` (dry_run: named, nothing created)."""
-    if spec.kind == "local":
-        return LocalCluster()
-    if spec.kind == "emulated":
-        from launchers.cluster.emulated import EmulatedCluster
-
-        return EmulatedCluster.for_campaign(campaign, dry_run=dry_run)
-    if spec.kind == "hostfile":
-        from launchers.cluster.ssh import SshCluster
-
-        return SshCluster.from_hostfile(spec.path, campaign, dry_run=dry_run)
-    if spec.kind == "slurm":
-        from launchers.cluster.slurm import SlurmCluster
-
-        return SlurmCluster.for_campaign(campaign, dry_run=dry_run)
-    raise ClusterError(f"no cluster transport {spec.kind!r}")

@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from analysis.units import parse_bandwidth, parse_latency
 from launchers.cluster import ClusterError
 from launchers.rendezvous import Host
 
@@ -351,8 +352,6 @@ class EmulatedCluster:
                 "latency_shaped": bool(run.latency) and bool(self.netem)}
 
     def shape(self, bandwidth: str | None, latency: str | None) -> None:
-        from analysis.predict import parse_bandwidth, parse_latency
-
         rate = parse_bandwidth(bandwidth) if bandwidth else None
         delay = parse_latency(latency) if latency else 0.0
         if delay and self.netem is None:

@@ -24,12 +24,17 @@ import math
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from adapters.base import RunConfig
+from core.cli import OneLineParser
+from core.envs import REPO_ROOT
 from launchers.cluster import ClusterError, LocalCluster
+from launchers.local import RunOutcome, run_local, stderr_tail
 from launchers.rendezvous import Host
 
 POLL_SECONDS = 2.0
@@ -60,8 +65,6 @@ class SlurmCluster(LocalCluster):
     def script(self, run, python: str, kind: str, timeout: float | None = None,
                extra_env: dict[str, str] | None = None) -> str:
         """The sbatch script of one run."""
-        from launchers.envs import REPO_ROOT
-
         run_dir = Path(run.rank_dir)
         minutes = max(1, math.ceil((timeout or 900) / 60) + 1)
         lines = ["#!/bin/bash",
@@ -102,8 +105,6 @@ class SlurmCluster(LocalCluster):
     def run(self, config, python: str, run_dir: Path, kind: str, cwd: Path, timeout: float,
             on_progress=None, extra_env=None, hosts=None, wrappers=()):
         """Submit the run's job, wait for it to end (or cancel it), return its outcome."""
-        from launchers.local import RunOutcome
-
         run_dir.mkdir(parents=True, exist_ok=True)
         config.to_json(run_dir / "RUN.json")
         (run_dir / "outcome.json").unlink(missing_ok=True)
@@ -161,8 +162,6 @@ def _progress(run_dir: Path):
 
 
 def read_outcome(run_dir: Path, job: str, duration: float):
-    from launchers.local import RunOutcome, stderr_tail
-
     try:
         data = json.loads((run_dir / "outcome.json").read_text())
         return RunOutcome(data["status"], data.get("error"), duration)
@@ -175,8 +174,6 @@ def read_outcome(run_dir: Path, job: str, duration: float):
 
 def allocation_hosts() -> list[Host]:
     """The job's nodes, in Slurm's order, with the address each resolves to."""
-    import socket
-
     listed = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
                             capture_output=True, text=True, timeout=60, check=True).stdout.split()
     hosts = []
@@ -202,9 +199,6 @@ def srun_wrapper(spec, argv: list[str], env: dict[str, str]):
 
 def inside(run_json: str, kind: str, python: str, timeout: float) -> int:
     """Inside the allocation: place and run the processes, write outcome.json."""
-    from adapters.base import RunConfig
-    from launchers.local import run_local
-
     config = RunConfig.from_json(run_json)
     run_dir = Path(run_json).parent
     hosts = allocation_hosts()
@@ -217,9 +211,7 @@ def inside(run_json: str, kind: str, python: str, timeout: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m launchers.cluster.slurm")
+    parser = OneLineParser(prog="python -m launchers.cluster.slurm")
     sub = parser.add_subparsers(dest="command", required=True)
     job = sub.add_parser("inside", help="run inside an allocation (what job.sbatch calls)")
     job.add_argument("run_json")

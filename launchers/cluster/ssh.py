@@ -31,8 +31,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.envs import REPO_ROOT
 from launchers.cluster import ClusterError
-from launchers.envs import REPO_ROOT
 from launchers.rendezvous import Host
 
 OPTIONS = ("slots", "interface", "address", "user", "port", "identity", "config")

@@ -11,10 +11,12 @@ what the framework's own runtime reads. One module per kind, chosen in `processe
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import socket
 from dataclasses import dataclass, field
 
-KINDS = ("torch", "mpi", "dmlc", "tf", "horovod")
+# One module of this package per kind (what a framework's `rendezvous` in the registry names).
+KINDS = tuple(sorted(module.name for module in pkgutil.iter_modules(__path__)))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

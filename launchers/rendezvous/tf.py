@@ -1,6 +1,6 @@
 """TensorFlow's rendezvous: a TF_CONFIG per process naming every task's gRPC address.
 
-Per mode (the adapter, adapters/tensorflow.py, reads the same TF_CONFIG):
+Per mode (the adapter, adapters/tensorflow/, reads the same TF_CONFIG):
   - any mode with one worker: one process, no TF_CONFIG (the single-device path, so every mode
     has the same 1-worker baseline; no parameter server is started);
   - collective: cluster {worker: [...]}, one process per worker;

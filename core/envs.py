@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.cli import OneLineParser, fail
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST_ENV = "host"
 COMPLETE_MARKER = ".dlcompare-complete"
@@ -287,8 +289,7 @@ def reexec_in_host_env(module: str, argv: list[str]) -> None:
     try:
         env = ensure_environment(HOST_ENV, log=lambda m: print(m, file=sys.stderr, flush=True))
     except EnvBuildError as error:
-        print(f"dlcompare: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(fail(error)) from None
     os.environ[BOOTSTRAP_VAR] = str(env.path)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
@@ -296,10 +297,8 @@ def reexec_in_host_env(module: str, argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m launchers.envs install --venv DIR NAME [NAME ...]` (used by docker/*)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m launchers.envs")
+    """`python -m core.envs install --venv DIR NAME [NAME ...]` (used by docker/*)."""
+    parser = OneLineParser(prog="python -m core.envs")
     parser.add_argument("action", choices=["install"])
     parser.add_argument("--venv", required=True, type=Path)
     parser.add_argument("names", nargs="+")
@@ -307,8 +306,7 @@ def main(argv: list[str]) -> int:
     try:
         install_into(args.venv, args.names, log=lambda m: print(m, flush=True))
     except EnvBuildError as error:
-        print(f"dlcompare: error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     return 0
 
 

@@ -1,27 +1,12 @@
-"""Cross-framework conformance: `python -m adapters.check --frameworks torch,tf --model NAME`.
+"""Cross-framework conformance: `python -m launchers.check --frameworks torch,tf --model NAME`.
 
 Every framework's worker runs in check mode in that framework's own environment (through the
 local launcher, one worker, dropout off): it loads the canonical weights of `--seed`, computes
 the loss and its local gradients on the same synthetic batch (adapters.data), then takes one
 SGD step and dumps the weights. This process (the launcher's environment, no framework)
-compares every pair of frameworks:
-  - the loss, by relative difference |a - b| / max(|a|, |b|);
-  - each parameter's gradient, by relative L2 error ||a - b|| / max(||a||, ||b||);
-  - each parameter's and BN statistic's change over the one step, the same way (checks the
-    optimizer's and batch norm's update conventions, not only the gradients).
-It exits 0 when every number is within the tolerance, 1 when one is above it (or a framework's
-run failed), 2 on bad input (one line on stderr).
-
-Tolerances (relative, float32 on CPU), measured rather than guessed: see TOLERANCE. The loss
-agrees to ~1e-6 on every model, so its limit is tight and catches forward-convention mistakes
-(an LRN alpha not divided by size, a pooling window off by one, a transposed weight). Gradient
-agreement is model-dependent, because two correct float32 implementations differ by more than
-rounding where a tiny difference flips a ReLU or max-pool decision (a kink): in full AlexNet
-at batch 2 a single conv5 pre-activation within 1e-6 of zero changes sign between PyTorch and
-TensorFlow and moves conv1..conv5 gradients by ~1e-2; batch norm over 2 samples amplifies
-rounding through ResNet-50 (PyTorch float32 against PyTorch float64 alone differs by 1.7e-2).
-Each limit is ~4-10x the worst cross-framework error measured at batch 2, seed 0, and above
-the float32-vs-float64 error of PyTorch itself.
+compares every pair of frameworks (analysis/equivalence.py: what is compared, and the measured
+tolerances). It exits 0 when every number is within the tolerance, 1 when one is above it (or a
+framework's run failed), 2 on bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -33,49 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from launchers.envs import reexec_in_host_env
-
-# Measured at batch 2, seed 0 (torch vs tf; "f64": PyTorch float32 against float64, the float32
-# noise floor). Worst gradient tensor:     torch vs tf   torch f32 vs f64
-#   alexnet-tiny                           1.4e-06       -
-#   googlenet-tiny                         9.5e-06       -
-#   resnet50-tiny (BN over 2 samples)      5.6e-04       4.3e-04
-#   alexnet (one ReLU kink flips, conv5)   1.2e-02       2.4e-03
-#   googlenet                              3.4e-04       2.7e-04
-#   resnet50 (BN over 2 samples)           2.5e-02       1.7e-02
-# Loss: at most 1.9e-05 (resnet50-tiny), otherwise <= 1e-6.
-TOLERANCE = {"alexnet-tiny": 1e-4, "googlenet-tiny": 1e-4, "resnet50-tiny": 5e-3,
-             "alexnet": 5e-2, "googlenet": 3e-3, "resnet50": 1e-1}
-DEFAULT_TOLERANCE = 1e-3  # a model not measured yet
-LOSS_TOLERANCE = 1e-4
-TINY = 1e-30
+from adapters.registry import UnknownFramework, parse_framework_mode
+from core.cli import OneLineParser, fail
+from core.envs import REPO_ROOT, EnvBuildError, ensure_environment, reexec_in_host_env
 
 
 class UsageError(ValueError):
     pass
 
 
-def relative_error(a: np.ndarray, b: np.ndarray) -> float:
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    scale = max(float(np.linalg.norm(a)), float(np.linalg.norm(b)))
-    return float(np.linalg.norm(a - b)) / scale if scale > TINY else 0.0
-
-
-def load_npz(path: Path) -> dict:
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
-
-
 def parse_args(argv):
-    from launchers.compare import OneLineParser
-
     parser = OneLineParser(
-        prog="python -m adapters.check",
+        prog="python -m launchers.check",
         description="Load the same canonical weights and batch into each framework and compare "
                     "the loss, the gradients and one SGD step across every pair.")
     parser.add_argument("--frameworks", default="torch,tf",
@@ -85,7 +39,7 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="relative L2 limit on gradients and updates (default: measured per "
-                             "model, see adapters/check.py)")
+                             "model, see analysis/equivalence.py)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads per framework (default: all cores)")
     parser.add_argument("--timeout", type=float, default=900.0,
@@ -98,8 +52,8 @@ def parse_args(argv):
 
 
 def validate(args):
-    from adapters.registry import UnknownFramework, parse_framework_mode
-    from models import MODEL_NAMES
+    from analysis.equivalence import DEFAULT_TOLERANCE, TOLERANCE  # host env: NumPy
+    from models import MODEL_NAMES  # host env: NumPy
 
     entries = [part.strip() for part in args.frameworks.split(",") if part.strip()]
     try:
@@ -125,9 +79,8 @@ def validate(args):
 def run_framework(info, mode: str, args, out: Path, python: str,
                   extra_env: dict[str, str] | None = None) -> Path:
     """One worker in check mode in the framework's environment; returns its dump folder."""
-    from adapters.base import RunConfig
-    from launchers.envs import REPO_ROOT
-    from launchers.local import run_local
+    from adapters.base import RunConfig  # host env: NumPy
+    from launchers.local import run_local  # host env: psutil
 
     folder = out / f"{info.name}-{mode}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -143,57 +96,22 @@ def run_framework(info, mode: str, args, out: Path, python: str,
     return folder
 
 
-def compare_pair(name_a, a: Path, name_b, b: Path, initial: dict, tolerance: float,
-                 verbose: bool) -> bool:
-    grads_a, grads_b = load_npz(a / "grads_rank0.npz"), load_npz(b / "grads_rank0.npz")
-    loss_a, loss_b = float(grads_a.pop("__loss__")), float(grads_b.pop("__loss__"))
-    weights_a, weights_b = load_npz(a / "weights_rank0.npz"), load_npz(b / "weights_rank0.npz")
-    print(f"\n{name_a} vs {name_b}")
-    loss_diff = abs(loss_a - loss_b) / max(abs(loss_a), abs(loss_b), TINY)
-    loss_limit = min(LOSS_TOLERANCE, tolerance)
-    ok = loss_diff <= loss_limit
-    print(f"  loss  {name_a} {loss_a:.7f}  {name_b} {loss_b:.7f}  rel diff {loss_diff:.2e} "
-          f"(limit {loss_limit:.0e})  {'ok' if ok else 'FAIL'}")
-    if set(grads_a) != set(grads_b) or set(weights_a) != set(weights_b):
-        only = sorted(set(grads_a) ^ set(grads_b)) + sorted(set(weights_a) ^ set(weights_b))
-        print(f"  tensors differ between the two: {only[:6]}  FAIL")
-        return False
-    for title, rows in (
-            ("gradient", {n: relative_error(grads_a[n], grads_b[n]) for n in initial
-                          if n in grads_a}),
-            ("one-step update", {n: relative_error(weights_a[n] - initial[n],
-                                                   weights_b[n] - initial[n])
-                                 for n in initial})):
-        worst = sorted(rows.items(), key=lambda item: -item[1])
-        shown = [(n, rows[n]) for n in rows] if verbose else worst[:5]
-        name, value = worst[0]
-        passed = value <= tolerance
-        ok &= passed
-        print(f"  {title} relative L2 error, max over {len(rows)} tensors: {value:.2e} "
-              f"({name})  {'ok' if passed else 'FAIL'}")
-        for tensor, error in shown:
-            print(f"      {tensor:<40s} {error:.2e}{'  FAIL' if error > tolerance else ''}")
-    return ok
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    reexec_in_host_env("adapters.check", argv)
-    from launchers.envs import EnvBuildError, ensure_environment
-    from models import canonical_weights, get_model
+    reexec_in_host_env("launchers.check", argv)
+    from analysis.equivalence import LOSS_TOLERANCE, compare_pair  # host env: NumPy
+    from models import canonical_weights, get_model  # host env: NumPy
 
     try:
         frameworks, tolerance = validate(args)
     except UsageError as error:
-        print(f"dlcompare: error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     out = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="dlc-check-"))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        print(f"dlcompare: error: --keep {out} is not writable: {error.strerror}", file=sys.stderr)
-        return 2
+        return fail(f"--keep {out} is not writable: {error.strerror}")
     print(f"check {args.model}: batch {args.batch}, seed {args.seed}, dropout off; limits: "
           f"loss {min(LOSS_TOLERANCE, tolerance):.0e}, gradients and one-step updates "
           f"{tolerance:.0e} (relative L2 per tensor)", flush=True)
@@ -205,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra_env = ({"DLC_BACKEND_PYTHON": str(ensure_environment(
                     info.backend_env, log=print).python)} if info.backend_env else {})
             except EnvBuildError as error:
-                print(f"dlcompare: error: {error}", file=sys.stderr)
-                return 2
+                return fail(error)
             label = f"{info.name}:{mode}"
             try:
                 folders[label] = run_framework(info, mode, args, out, python, extra_env)

@@ -1,0 +1,41 @@
+"""How the ranks of one run hand their results to rank 0: each writes its own file atomically
+before a barrier, rank 0 then reads them all.  Every result carries the environment it was
+measured in."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from adapters.base import cpu_name
+
+
+def environment(versions: dict) -> dict:
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
+            **versions}
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0,
+                        name: str = "rank{rank}.json") -> list[dict]:
+    """Read every rank's file `name` (formatted with rank); they are written before a barrier,
+    so this is brief."""
+    deadline = time.monotonic() + timeout
+    paths = [rank_dir / name.format(rank=r) for r in range(world_size)]
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            missing = [p.name for p in paths if not p.exists()]
+            raise RuntimeError(f"rank results missing after barrier: {missing}")
+        time.sleep(0.05)
+    return [json.loads(p.read_text()) for p in paths]
