@@ -85,9 +85,19 @@ def _figure(n_panels: int):
 
 
 def _save(fig, out_dir: str | Path, name: str, title: str) -> Path:
-    folder = Path(out_dir) / "figures"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.png"
+    return save_figure(fig, Path(out_dir) / "figures" / f"{name}.png", title)
+
+
+def new_panels(n_panels: int):
+    """(figure, axes): one axes per panel in the report's layout, for figures drawn outside
+    this module (the what-if's) in the report's style."""
+    return _figure(n_panels)
+
+
+def save_figure(fig, path: str | Path, title: str) -> Path:
+    """Title, lay out and write `fig` as the report's PNGs are written (dpi, white), close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.suptitle(title, fontsize=13, fontweight="bold")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI, facecolor="white")  # tight_layout above: one draw, not two
