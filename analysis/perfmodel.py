@@ -529,7 +529,8 @@ def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float
     e_a = s_a + T(n_a), e_b = max(r_b, e_a) + T(n_b); together
     e_ab = max(s_a, r_b) + T(n_a + n_b), which saves a_T when r_b <= s_a and
     s_a + a_T - r_b when s_a < r_b < s_a + a_T.  At r_b = s_a + a_T both end b at the same
-    time, but apart a ends sooner: no merge.
+    time, but apart a ends sooner: no merge.  (With a_T = 0 nothing is saved: the rule
+    merges b only when it is ready before a could start, and b ends as it would apart.)
     """
     startup = startup_cost(comm_time)
     merged: list[Message] = []
