@@ -58,10 +58,15 @@ def medians(timings: dict[str, list[float]]) -> dict[str, float]:
 def run_compare(arguments: list[str], out: Path) -> int:
     """`python -m launchers.compare ARGUMENTS --out OUT` as a user runs it (so every number is
     also in that campaign's store, report and tables); returns its exit code."""
+    return run_module(["launchers.compare", *arguments, "--out", str(out)])
+
+
+def run_module(arguments: list[str]) -> int:
+    """`python -m MODULE ARGS...` from the repository root, shown first; its exit code."""
     from core.envs import REPO_ROOT
 
-    command = [sys.executable, "-m", "launchers.compare", *arguments, "--out", str(out)]
-    return subprocess.run(command, cwd=REPO_ROOT).returncode
+    print("$ python -m " + " ".join(arguments), flush=True)
+    return subprocess.run([sys.executable, "-m", *arguments], cwd=REPO_ROOT).returncode
 
 
 def stored_runs(out: Path, columns: str) -> list[tuple]:
