@@ -111,8 +111,9 @@ topology its framework uses::
                                   (round robin) or on S machines of + (P-1)/S n gamma_server
                                   their own ('dedicated')
     mxnet:dist_device_sync        reduce over the node's G devices, the reduce-scatter and all-gather
-                                  one push/pull per node (P = N),   terms of the two-level row (G)
-                                  broadcast back                    + the ps row with W = 1
+                                  one push/pull per node (P = N),   terms of the two-level row (G,
+                                  broadcast back                    no alpha_s, beta_s: in-process)
+                                                                    + the ps row with W = 1
 
   Parameter servers, W pushing workers per node (G, or 1 after a local reduce), P = N W,
   s_j servers on node j: node j's NIC sends W n (S - s_j)/S (its workers' slices bound
@@ -136,7 +137,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "halving_doubling", "ps", "p2p")
@@ -831,8 +832,9 @@ def ps_on(topology: Topology, fabric: Fabric, servers: int, placement: str = "co
 
 def local_reduce_on(topology: Topology, fabric: Fabric) -> CommCost:
     """The node's part of a local reduce and broadcast (MXNet's device kvstore before a
-    dist push): the reduce-scatter and all-gather terms of `two_level_on` inside one node."""
-    return two_level_on(Topology(1, topology.workers_per_node), fabric)
+    dist push): the reduce-scatter and all-gather terms of `two_level_on` inside one node,
+    without the transport's software cost (one process copies between its own devices)."""
+    return two_level_on(Topology(1, topology.workers_per_node), replace(fabric, software=LinkCost()))
 
 
 def topology_cost(scheme: "Scheme", topology: Topology, fabric: Fabric, servers: int | None = None,

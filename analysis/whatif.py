@@ -291,9 +291,10 @@ def efficiency_figure(rows: list[dict], path: Path, title: str) -> Path | None:
             line = sorted((r for r in panel if r["scheme"] == name), key=lambda r: r["nodes"])
             ax.plot([r["nodes"] for r in line], [r["efficiency"] for r in line], color=colour(name), linewidth=2,
                     label=f"{name}: {line[-1]['bottleneck']}")
-            for r in line:
-                ax.scatter(r["nodes"], r["efficiency"], color=colour(name), s=36, zorder=3,
-                           marker=BOTTLENECK_MARKERS.get(r["bottleneck"], "o"))
+            for what in dict.fromkeys(r["bottleneck"] for r in line):  # one call per marker: cheap to draw
+                points = [r for r in line if r["bottleneck"] == what]
+                ax.scatter([r["nodes"] for r in points], [r["efficiency"] for r in points], color=colour(name),
+                           s=36, zorder=3, marker=BOTTLENECK_MARKERS.get(what, "o"))
         if len(nodes) > 1:
             ax.set_xscale("log", base=2)
         ax.set_xticks(nodes, [str(n) for n in nodes])
