@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
+
 from analysis import perfmodel as pm
+from analysis import tables
 from analysis.cluster import ClusterSpec
 from analysis.palette import colour
 from analysis.units import format_bandwidth, format_latency
@@ -247,8 +250,6 @@ def json_lines(rows: list[dict]) -> str:
 
 def frame(rows: list[dict]):
     """The rows as a pandas DataFrame (full precision, seconds): the CSV."""
-    import pandas as pd  # only where a table is written: --json answers without pandas
-
     return pd.DataFrame([{key: row[key] for key in ROW_KEYS} for row in rows], columns=list(ROW_KEYS))
 
 
@@ -262,8 +263,6 @@ def display_table(rows: list[dict]):
 
 def markdown(rows: list[dict]) -> str:
     """The table with the report's table code (`analysis.tables.to_markdown`)."""
-    from analysis import tables  # pandas only where a table is written: --json answers without it
-
     return tables.to_markdown(display_table(rows))
 
 
@@ -278,7 +277,7 @@ def efficiency_figure(rows: list[dict], path: Path, title: str) -> Path | None:
     legend names each scheme's bottleneck at the most nodes.  None without rows."""
     if not rows:
         return None
-    from analysis import figures  # matplotlib only where a plot is written: --json answers without it
+    from analysis import figures  # matplotlib and seaborn load only where a plot is drawn (--json, --no-files: never)
 
     groups: dict[tuple, list[dict]] = {}
     for row in rows:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from adapters.registry import FRAMEWORKS
-from analysis import cluster, compose, palette, predict, whatif
+from analysis import cluster, compose, palette, predict, published, whatif
 from analysis import perfmodel as pm
 from analysis.calibration import CalibrationFit
 from analysis.workload import flops_per_sample, flops_profile
@@ -262,3 +262,29 @@ def test_compute_factor_is_processor_sharing():
     assert compose.compute_factor({"threads_per_worker": 1, "world_size": 4, "env": {"cpu_count": 2}}, one) == 4
     assert compose.compute_factor({"threads_per_worker": 1, "world_size": 8, "env": {"cpu_count": 2}}, one) == 8
     assert compose.compute_factor({"threads_per_worker": 1, "world_size": 2, "env": {"cpu_count": 2}}, one) == 2
+
+
+def test_every_key_is_documented():
+    text = (REPO / "docs" / "prediction.md").read_text(encoding="utf-8")
+    for section, keys in cluster.SCHEMA.items():
+        shown = "transport.<name>" if section == "transport" else section
+        for key in keys:
+            assert f"| `{shown}` | `{key}` |" in text, f"{section}.{key}"
+
+
+# --------------------------------------------------------------------------- published
+
+def test_published_cases_are_data_with_their_citations():
+    """Every case names a source with its citation and a cluster of spec-sheet values; the
+    model predicts each point (validation/published.toml; the comparison:
+    python -m bench.published_validation)."""
+    sources, cases = published.load_cases()
+    assert len(sources) >= 2 and all({"title", "authors", "year", "where", "read"} <= set(s) for s in sources.values())
+    assert {case.source for case in cases} == set(sources)
+    rows = published.validation_rows()
+    assert len(rows) == sum(len(case.nodes) for case in cases)
+    for row in rows:
+        assert 0 < row["published"] <= 1 and 0 < row["predicted"] <= 1 and 0 < row["flat"] <= 1
+        assert 0 < row["device_efficiency"] < 1
+    # the hierarchy, NIC sharing and software costs bring the model closer than one flat link
+    assert published.median_abs_points(rows, "error_points") < published.median_abs_points(rows, "flat_error_points")
