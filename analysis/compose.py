@@ -206,10 +206,32 @@ def median_abs(rows: list[dict], key: str) -> dict[str, float]:
     return {scheme: statistics.median(values) for scheme, values in out.items()}
 
 
+def calibrated_rows(records: list[dict]) -> list[dict]:
+    """The runs on the two calibrated topologies themselves (1 x G, N x 1), with the
+    campaign's own prediction of each (its calibration, its compute): how well the model
+    does where nothing is composed."""
+    rows = []
+    for record in records:
+        nodes, per_node = int(record.get("nodes") or 1), int(record.get("workers_per_node") or 1)
+        predicted, measured = record.get("predicted_iter_time"), record.get("iter_time_median")
+        if record.get("status") != "ok" or not predicted or not measured or nodes * per_node < 2 \
+                or (nodes > 1 and per_node > 1):
+            continue
+        rows.append({"scheme": f"{record.get('framework')}:{record.get('mode')}", "topology": f"{nodes}x{per_node}",
+                     "bandwidth": record.get("bandwidth") or "", "measured_ms": measured * 1e3,
+                     "predicted_ms": predicted * 1e3, "error_pct": (predicted - measured) / measured * 100})
+    return sorted(rows, key=lambda row: (row["scheme"], row["topology"]))
+
+
 def composition_report(folder: Path) -> str:
-    """The comparison of a stored campaign as text: a table per run, then medians per scheme."""
+    """The comparison of a stored campaign as text: a table per run, then medians per scheme,
+    then the runs on the calibrated topologies themselves."""
     with ResultStore.for_campaign(folder, create=False) as store:
-        rows = composition_rows(store.records(), store.calibration_fits())
+        records = store.records()
+        rows = composition_rows(records, store.calibration_fits())
+    calibrated = calibrated_rows(records)
+    tail = ("\nOn the calibrated topologies (their own calibration):\n" + tables.to_markdown(pd.DataFrame(calibrated))
+            if calibrated else "")
     if not rows:
         return "no run of 2+ nodes x 2+ workers with both link calibrations (1 x G and N x 1) stored"
     table = pd.DataFrame(rows)
@@ -221,4 +243,4 @@ def composition_report(folder: Path) -> str:
                              "one_worker_median_abs_error_pct": 100 * median_abs(rows, "one_worker_error").get(
                                  scheme, float("nan"))}
                             for scheme, composed in median_abs(rows, "composed_error").items()])
-    return tables.to_markdown(table) + "\n" + tables.to_markdown(medians)
+    return tables.to_markdown(table) + "\n" + tables.to_markdown(medians) + tail

@@ -7,15 +7,16 @@ namespaces).
 
 Calibrates each scheme on two topologies only: 1 node x 2 workers (the intra-node link:
 loopback inside a node) and 2 nodes x 1 worker (the NIC: an emulated link shaped to
---bandwidth), runs one worker, then 2 x 2 and 2 x 4 on the emulated cluster, and predicts the
-2 x 2 and 2 x 4 runs with `analysis.compose`: the intra-node and NIC links of the two fits
+--bandwidth), runs 1 x 1 and 1 x 2, then 2 x 1, 2 x 2 and 2 x 4 on the emulated cluster, and
+predicts the 2 x 2 and 2 x 4 runs with `analysis.compose`: the intra-node and NIC links of the two fits
 composed on the run's topology (`perfmodel.topology_cost`), beside the flat model of
 `analysis.predict` (all ranks on the one link `calibration.lookup` finds, the 2 x 1 fit).
 Prints per run the measured iteration time and both predictions with their errors, and per
 scheme the median |error|, twice: on the run's own measured compute (what the report's
 prediction uses: the composition alone is tested) and on the one-worker profile scaled to the
-host's shared cores (`analysis.compose.compute_factor`).  Target: composed within 15 %
-median for DDP, CNTK-style, Horovod and MXNet dist_sync.
+host's shared cores (`analysis.compose.compute_factor`); and, for scale, the runs on the
+calibrated topologies (1 x 2, 2 x 1) predicted from their own calibration.  Target: composed
+within 15 % median for DDP, CNTK-style, Horovod and MXNet dist_sync.
 
 Every emulated node shares this machine's 2 cores: 2 x 4 is 8 ranks (plus MXNet's server
 and scheduler) on 2 cores, so compute is time-shared, every collective waits for the OS to
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         campaign = ["--frameworks", args.frameworks, "--model", args.model, "--batch-size", args.batch_size,
                     "--iterations", "5", "--repeats", args.repeats, "--warmup", "2", "--profile-iterations", "3",
                     "--timeout", "1200", "--out", out]
-        run_module(["launchers.compare", *campaign, "--nodes", "1", "--workers", "1"])
-        run_module(["launchers.compare", *campaign, "--cluster", "emulated", "--nodes", "2", "--workers", "2,4",
+        run_module(["launchers.compare", *campaign, "--nodes", "1", "--workers", "1,2"])
+        run_module(["launchers.compare", *campaign, "--cluster", "emulated", "--nodes", "2", "--workers", "1,2,4",
                     "--bandwidth", args.bandwidth])
     print(composition_report(Path(out)))
     print(f"bench took {time.monotonic() - started:.0f} s; campaign {out}")
