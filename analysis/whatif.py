@@ -273,8 +273,8 @@ BOTTLENECK_MARKERS = {"compute": "o", "NIC": "s", "intra-node link": "^", "link 
 
 def efficiency_figure(rows: list[dict], path: Path, title: str) -> Path | None:
     """Efficiency against nodes, one line per scheme in its palette colour, one panel per
-    workers per node x bandwidth x latency; each point's marker is its bottleneck and the
-    legend names each scheme's bottleneck at the most nodes.  None without rows."""
+    workers per node x bandwidth x latency; each point's marker names its bottleneck.  A last
+    panel holds the legends (scheme colours, bottleneck markers).  None without rows."""
     if not rows:
         return None
     from analysis import figures  # matplotlib and seaborn load only where a plot is drawn (--json, --no-files: never)
@@ -282,32 +282,31 @@ def efficiency_figure(rows: list[dict], path: Path, title: str) -> Path | None:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["workers_per_node"], row["bandwidth"], row["latency"]), []).append(row)
-    fig, axes = figures.new_panels(len(groups))
+    fig, axes = figures.new_panels(len(groups) + 1)
     top = max(1.05, max(r["efficiency"] for r in rows) * 1.05)
     for ax, ((per_node, bandwidth, latency), panel) in zip(axes, groups.items()):
         nodes = sorted({r["nodes"] for r in panel})
         for name in dict.fromkeys(r["scheme"] for r in panel):
             line = sorted((r for r in panel if r["scheme"] == name), key=lambda r: r["nodes"])
-            ax.plot([r["nodes"] for r in line], [r["efficiency"] for r in line], color=colour(name), linewidth=2,
-                    label=f"{name}: {line[-1]['bottleneck']}")
+            ax.plot([r["nodes"] for r in line], [r["efficiency"] for r in line], color=colour(name), linewidth=2)
             for what in dict.fromkeys(r["bottleneck"] for r in line):  # one call per marker: cheap to draw
                 points = [r for r in line if r["bottleneck"] == what]
                 ax.scatter([r["nodes"] for r in points], [r["efficiency"] for r in points], color=colour(name),
-                           s=36, zorder=3, marker=BOTTLENECK_MARKERS.get(what, "o"))
+                           s=40, zorder=3, marker=BOTTLENECK_MARKERS.get(what, "o"))
         if len(nodes) > 1:
             ax.set_xscale("log", base=2)
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.set(title=f"{per_node} worker{'s' if per_node > 1 else ''}/node, NIC {bandwidth}, latency {latency}",
                xlabel="nodes", ylabel="efficiency E = S / N (weak scaling)", ylim=(0, top))
         ax.grid(alpha=0.3, which="both")
-        schemes = ax.legend(fontsize=7, title="scheme: bottleneck at most nodes", title_fontsize=7,
-                            loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        markers = [figures.plt.Line2D([], [], linestyle="", marker=BOTTLENECK_MARKERS.get(what, "o"),
-                                      color="black", label=what)
-                   for what in sorted({r["bottleneck"] for r in panel})]
-        ax.add_artist(schemes)
-        ax.legend(handles=markers, fontsize=7, title="marker: bottleneck", title_fontsize=7, loc="lower left",
-                  bbox_to_anchor=(1.01, 0.0), frameon=False)
+    legend = axes[-1]
+    legend.axis("off")
+    lines = [figures.plt.Line2D([], [], color=colour(name), linewidth=2, label=name)
+             for name in dict.fromkeys(r["scheme"] for r in rows)]
+    markers = [figures.plt.Line2D([], [], linestyle="", marker=BOTTLENECK_MARKERS.get(what, "o"), color="black",
+                                  label=what) for what in dict.fromkeys(r["bottleneck"] for r in rows)]
+    legend.add_artist(legend.legend(handles=lines, title="scheme", loc="upper left", fontsize=9, frameon=False))
+    legend.legend(handles=markers, title="marker: bottleneck", loc="upper right", fontsize=9, frameon=False)
     return figures.save_figure(fig, path, title)
 
 
