@@ -204,8 +204,11 @@ def cause_text(row: pd.Series, baseline: pd.Series | None, parts: dict[str, floa
         return "baseline", "faster than ideal: " + "; ".join(reasons) + \
             ", so the baseline is suspect: measure it again"
     ranked = sorted(((parts[c], c) for c in CAUSES if not tables._missing(parts[c])), reverse=True)
-    if not ranked or ranked[0][0] <= 0:
+    if tables._missing(parts["lost"]) or parts["lost"] <= 0:
         return "", f"no loss to explain ({_ms(parts['lost'])} per iteration)"
+    if not ranked or ranked[0][0] <= 0:
+        return "rest", (f"of {_ms(parts['lost'])} lost per iteration, none shows in the profiled phases: the "
+                        "throughput-mode iteration lost it outside them (load, noise)")
     top = ranked[0][1]
     pieces = [_cause_piece(top, row, baseline, parts)]
     pieces += [f"{CAUSE_NAMES[c]} {_ms(v)}" for v, c in ranked[1:] if v > 0.1 * max(parts["lost"], 1e-12)]
