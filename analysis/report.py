@@ -79,7 +79,7 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
                "for the largest topology."),
 }
 # Figures that take the page's whole width (wide, with small print).
-WIDE_FIGURES = frozenset({"phases", "timeline", "layers"})
+WIDE_FIGURES = frozenset({"throughput", "phases", "timeline", "layers"})
 
 MODEL_TEXT = """
 <p>The model of one synchronous SGD iteration (Shi, Wang, Chu, DataCom 2018), in
