@@ -49,6 +49,7 @@ FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_sprea
 OPTIONAL_FIGURES = frozenset({"bandwidth"})
 TIMELINE_PANELS = 4
 BAR_HEIGHT_IN = 0.34  # inches per horizontal bar
+MAX_LAYER_LABELS = 40  # layer names written under the per-layer figure's axis, at most
 VISIBLE_SHARE = 0.003  # a phase below this share of the longest stack everywhere is not in the legend
 PHASE_COLOURS = dict(zip(("io", "h2d", "forward", "backward", "comm", "update"), sns.color_palette("Set2", 6)))
 # Line style and marker per node count in the scaling figure: one node solid, several dashed.
@@ -107,7 +108,8 @@ def _figure(n_panels: int, cols: int = 2, panel_size: tuple[float, float] = PANE
     """A figure with one axes per panel, at most `cols` per row."""
     cols = max(1, min(n_panels, cols))
     rows = math.ceil(n_panels / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False,
+                             layout="constrained")
     flat = list(axes.flat)
     for ax in flat[n_panels:]:
         ax.set_visible(False)
@@ -120,8 +122,7 @@ def _save(fig, out_dir: str | Path, name: str, title: str, series: list[dict] | 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
     fig.suptitle(title, fontsize=13, fontweight="bold")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI, facecolor="white")  # tight_layout above: one draw, not two
+    fig.savefig(path, dpi=DPI, facecolor="white")  # constrained layout: laid out in this one draw
     plt.close(fig)
     (folder / f"{name}.json").write_text(json.dumps({"series": series or []}, default=float, indent=1),
                                          encoding="utf-8")
@@ -429,7 +430,7 @@ def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     runs = timeline_runs(frame)
     if runs.empty:
         return None
-    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.1 * len(runs) + 0.7), squeeze=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.1 * len(runs) + 0.7), squeeze=False, layout="constrained")
     layer_colors = sns.color_palette("Blues", 6)[2:]
     transfer_colors = sns.color_palette("Oranges", 6)[2:]
     drawn = []
@@ -496,7 +497,8 @@ def layer_lines(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
                         color=line["colour"].iloc[0], linewidth=1.6, label=f"{name} · {topology}")
                 drawn.append(_series_entry(f"{name} · {topology}", line["colour"].iloc[0],
                                            zip(line["layer"], line["backward_ms"])))
-        ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=7 if len(layers) > 30 else 8)
+        every = math.ceil(len(layers) / MAX_LAYER_LABELS)  # the names of all are in the layers table
+        ax.set_xticks(range(0, len(layers), every), layers[::every], rotation=90, fontsize=7)
         ax.set(title=f"{model}: backward per layer (first computed on the left)", ylabel="milliseconds",
                xlim=(-0.5, len(layers) - 0.5))
         ax.grid(alpha=0.3)

@@ -340,17 +340,15 @@ def layer_table(frame: pd.DataFrame) -> pd.DataFrame:
     if ok.empty or column not in ok.columns:
         return pd.DataFrame(columns=LAYER_COLUMNS)
     rows = []
-    for _, run in ok.iterrows():
-        layers = json_list(run[column])
-        source = run.get("extra_layer_backward_source")
-        for order, item in enumerate(layers):
+    fields = ["model", "framework", "framework_label", "mode", "nodes", "workers_per_node"]
+    sources = ok["extra_layer_backward_source"] if "extra_layer_backward_source" in ok.columns \
+        else pd.Series(None, index=ok.index)
+    for run, layers, source in zip(ok[fields].to_dict("records"), ok[column], sources):
+        run = {**run, "topology": topology_short(run["nodes"], run["workers_per_node"]),
+               "source": None if _missing(source) else source}
+        for order, item in enumerate(json_list(layers)):
             if isinstance(item, (list, tuple)) and len(item) == 2 and not _missing(item[1]):
-                rows.append({"model": run["model"], "framework": run["framework"],
-                             "framework_label": run["framework_label"], "mode": run["mode"], "nodes": run["nodes"],
-                             "workers_per_node": run["workers_per_node"],
-                             "topology": topology_short(run["nodes"], run["workers_per_node"]), "layer": str(item[0]),
-                             "order": order, "backward_ms": float(item[1]) * 1e3,
-                             "source": None if _missing(source) else source})
+                rows.append({**run, "layer": str(item[0]), "order": order, "backward_ms": float(item[1]) * 1e3})
     if not rows:
         return pd.DataFrame(columns=LAYER_COLUMNS)
     long = pd.DataFrame(rows)
