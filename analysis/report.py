@@ -209,11 +209,14 @@ DISPLAY_NAMES = {"framework_label": "framework", "batch_per_worker": "batch/work
                  "global_batch": "global batch", "images_per_s": "images/s",
                  "images_per_s_per_worker": "images/s/worker", "iter_ms_median": "iter ms median",
                  "iter_ms_p10_p90": "iter ms p10–p90", "spread_pct": "spread %",
-                 "error_last_line": "error (last line)"}
+                 "error_last_line": "error (last line)", "threads_per_worker": "threads/worker",
+                 "cpu_cores": "cores", "ranks_per_host": "ranks/machine", "load_avg_start": "load avg start",
+                 "load_avg_end": "load avg end", "other_load": "other busy cores", "duration_s": "wall s",
+                 "workers_per_node": "workers/node"}
 
 
 # Columns left out of a page table when every row has the same value (said once above it).
-CONSTANT_COLUMNS = ("device", "nodes", "runs", "scaling")
+CONSTANT_COLUMNS = ("device", "model", "batch_per_worker", "nodes", "runs", "scaling", "cpu_cores")
 
 
 def compact(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:

@@ -302,9 +302,9 @@ def scaling_table(frame: pd.DataFrame) -> pd.DataFrame:
     return configs_with_speedup(frame).reindex(columns=SCALING_COLUMNS)
 
 
-RUNS_COLUMNS: list[str] = ["run_id", "framework_label", "mode", "model", "topology", "batch_per_worker",
-                           "threads_per_worker", "cpu_cores", "ranks_per_host", "oversubscribed", "load_avg_start",
-                           "load_avg_end", "other_load", "loss_first", "loss_last", "duration_s"]
+RUNS_COLUMNS: list[str] = ["scheme", "model", "topology", "batch_per_worker", "threads_per_worker", "cpu_cores",
+                           "ranks_per_host", "oversubscribed", "load_avg_start", "load_avg_end", "other_load",
+                           "loss_first", "loss_last", "duration_s", "run_id"]
 
 
 def topology_short(nodes, workers_per_node) -> str:
@@ -320,12 +320,13 @@ def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame(columns=RUNS_COLUMNS)
     ok = ok.assign(topology=[topology_short(n, w) for n, w in zip(ok["nodes"], ok["workers_per_node"])],
+                   scheme=[series_name(lb, m) for lb, m in zip(ok["framework_label"], ok["mode"])],
                    oversubscribed=_numeric(ok, "oversubscribed").map(
                        lambda v: None if _missing(v) else ("yes" if v else "no")))
     for column in RUNS_COLUMNS:
         if column not in ok.columns:
             ok[column] = None
-    return ok[RUNS_COLUMNS].sort_values(["model", "framework_label", "mode", "topology"]).reset_index(drop=True)
+    return ok[RUNS_COLUMNS].sort_values(["model", "scheme", "topology"]).reset_index(drop=True)
 
 
 LAYER_COLUMNS: list[str] = ["model", "framework", "framework_label", "mode", "nodes", "workers_per_node", "topology",
@@ -450,8 +451,12 @@ def build_tables(frame: pd.DataFrame, calibrations: pd.DataFrame | None = None) 
 
 def float_format(column: str) -> str:
     """A readable format per kind of column (ms with 2 decimals, seconds with 4, ...)."""
-    if column.endswith("_pct") or column.startswith("images_per_s"):
+    if column.endswith("_pct") or column.startswith("images_per_s") or column == "duration_s":
         return ".1f"
+    if column.startswith(("load_avg", "other_load")):
+        return ".2f"
+    if column.startswith("loss_"):
+        return ".4f"
     if column.endswith(("_us", "_ns_per_byte", "_gbit_s")) or column in ("alpha_ms", "fit_a_ms"):
         return ".4g"
     if "_ms" in column:

@@ -180,7 +180,7 @@ def print_costs(console: Console, campaign: planning.Campaign, pending: list[Run
     console.print(f"[dim]Build times measured {MEASURED}.[/dim]", soft_wrap=True)
     building = sum(s for _, state, s in rows if s is not None and state.startswith("missing"))
     seconds, sources = estimate(pending, stored)
-    parts = [f"{len(pending)} runs to run: about {duration_text(seconds)} (±50 %)" if pending
+    parts = [f"{len(pending)} runs to run: about {duration_text(seconds)} on a quiet machine (±50 %)" if pending
              else "nothing to run: every run is stored"]
     if building:
         parts.append(f"after about {duration_text(building)} of building")
