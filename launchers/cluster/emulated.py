@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from analysis.units import parse_bandwidth, parse_latency
+from core.cli import fail
 from launchers.cluster import ClusterError
 from launchers.rendezvous import Host
 
@@ -483,8 +484,7 @@ def main(argv: list[str]) -> int:
         for key, names in leftovers().items():
             print(key, " ".join(names))
         return 0
-    print("usage: python -m launchers.cluster.emulated sweep | list | reap PID", file=sys.stderr)
-    return 2
+    return fail("usage: python -m launchers.cluster.emulated sweep | list | reap PID")
 
 
 if __name__ == "__main__":
