@@ -52,6 +52,8 @@ BAR_HEIGHT_IN = 0.34  # inches per horizontal bar
 MAX_LAYER_LABELS = 40  # layer names written under the per-layer figure's axis, at most
 VISIBLE_SHARE = 0.003  # a phase below this share of the longest stack everywhere is not in the legend
 PHASE_COLOURS = dict(zip(("io", "h2d", "forward", "backward", "comm", "update"), sns.color_palette("Set2", 6)))
+# Legends sit right of their panel, so that nine schemes never cover the data.
+OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
 # Line style and marker per node count in the scaling figure: one node solid, several dashed.
 NODE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
 
@@ -225,7 +227,7 @@ def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
             tick.set_color(colour)
         ax.set(title=title, xlabel="milliseconds per iteration", ylim=(-0.7, len(rows) - 0.4))
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.legend(fontsize=8, **OUTSIDE)
     drawn = [_series_entry(f"{r['series']} · {r['topology']}", r["colour"],
                            [[c[: -len("_ms")], r[c]] for c in phase_cols] + [["iteration", r["iter_ms"]]])
              for _, r in table.iterrows()]
@@ -268,14 +270,15 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.set(title=title, xlabel="workers N (all nodes)", ylabel="speedup S(N) = N·t(1) / t(N)",
                xlim=(0.8, top + 0.2), ylim=(0, max(top + 0.3, min(ceiling, rows["speedup"].max()) * 1.05)))
         ax.grid(alpha=0.3)
-        schemes = _scheme_legend(ax, {n: colours[n] for n in sorted(rows["series"].unique())}, fontsize=8,
-                                 loc="upper left", title="scheme", title_fontsize=8)
-        ax.add_artist(schemes)
         nodes_here = sorted({int(n) for n in rows["nodes"]})
-        ax.legend(handles=[Line2D([], [], color="black", linestyle=styles[n][0], marker=styles[n][1],
-                                  label=f"{n} node{'' if n == 1 else 's'}") for n in nodes_here]
-                  + [Line2D([], [], color="grey", linestyle="--", label="ideal (S = N)")],
-                  fontsize=8, loc="lower right", title="topology", title_fontsize=8)
+        topology = ax.legend(handles=[Line2D([], [], color="black", linestyle=styles[n][0], marker=styles[n][1],
+                                             label=f"{n} node{'' if n == 1 else 's'}") for n in nodes_here]
+                             + [Line2D([], [], color="grey", linestyle="--", label="ideal (S = N)")],
+                             fontsize=8, title="topology", title_fontsize=8, loc="lower left",
+                             bbox_to_anchor=(1.01, 0.0), frameon=False)
+        ax.add_artist(topology)
+        _scheme_legend(ax, {n: colours[n] for n in sorted(rows["series"].unique())}, fontsize=8,
+                       title="scheme", title_fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)", drawn)
 
 
@@ -327,7 +330,7 @@ def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.set(title=title, xlabel="link bandwidth (Gbit/s, emulated)", ylabel="efficiency E = S / N",
                ylim=(0, max(1.05, float(rows[["efficiency", "pred_efficiency"]].max().max()) * 1.05)))
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted", drawn)
 
 
@@ -361,7 +364,7 @@ def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
                       fontsize=8)
         ax.set(title=title, xlabel="", ylabel="iteration time (ms): median, p10–p90")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, "iteration_spread", "Iteration time and its spread (lower is better)", drawn)
 
 
@@ -396,7 +399,7 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.set(title=title, xlabel="measured iteration time (ms)", ylabel="predicted iteration time (ms)",
                xlim=(0, top), ylim=(0, top))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, "prediction", "Performance model: predicted vs measured (labels: nodes × workers)",
                  drawn)
 
@@ -502,7 +505,7 @@ def layer_lines(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.set(title=f"{model}: backward per layer (first computed on the left)", ylabel="milliseconds",
                xlim=(-0.5, len(layers) - 0.5))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, "layers", "Backward time per layer", drawn)
 
 
