@@ -52,6 +52,9 @@ NOISY_SPREAD = 0.25
 # Efficiency above which weak scaling is "better than ideal": a slow one-worker run.
 SUPERLINEAR = 1.05
 TIE_PCT = 1.0
+# The profiled phases and the throughput-mode loss disagreeing by more than this share of the
+# loss is said in the cause.
+PLACED_TOLERANCE = 0.25
 
 VERDICT_COLUMNS: list[str] = [
     "model", "device", "batch_per_worker", "nodes", "workers_per_node", "world_size", "bandwidth", "latency",
@@ -205,16 +208,22 @@ def cause_text(row: pd.Series, baseline: pd.Series | None, parts: dict[str, floa
             ", so the baseline is suspect: measure it again"
     ranked = sorted(((parts[c], c) for c in CAUSES if not tables._missing(parts[c])), reverse=True)
     if tables._missing(parts["lost"]) or parts["lost"] <= 0:
-        return "", f"no loss to explain ({_ms(parts['lost'])} per iteration)"
+        return "", f"no time lost against one worker ({_ms(parts['lost'])} per iteration)"
+    lead = f"{_ms(parts['lost'])} more per iteration than one worker"
     if not ranked or ranked[0][0] <= 0:
-        return "rest", (f"of {_ms(parts['lost'])} lost per iteration, none shows in the profiled phases: the "
-                        "throughput-mode iteration lost it outside them (load, noise)")
+        return "rest", (f"{lead}, none of it in the profiled phases: the throughput-mode iteration lost it "
+                        "outside them (load, noise)")
     top = ranked[0][1]
     pieces = [_cause_piece(top, row, baseline, parts)]
-    pieces += [f"{CAUSE_NAMES[c]} {_ms(v)}" for v, c in ranked[1:] if v > 0.1 * max(parts["lost"], 1e-12)]
-    if not tables._missing(parts["rest"]) and abs(parts["rest"]) > 0.1 * max(parts["lost"], 1e-12):
-        pieces.append(f"not placed by the profile {_ms(parts['rest'])}")
-    return top, f"of {_ms(parts['lost'])} lost per iteration: " + "; ".join(pieces)
+    pieces += [f"{CAUSE_NAMES[c]} {_ms(v)}" for v, c in ranked[1:] if v > 0.1 * parts["lost"]]
+    text = f"{lead}; in the profile: " + "; ".join(pieces)
+    placed = parts["lost"] - parts["rest"]
+    if parts["rest"] < -PLACED_TOLERANCE * parts["lost"]:
+        text += (f" (the profiled phases grew by {_ms(placed)}, more than the throughput-mode iteration: "
+                 "read them as shares)")
+    elif parts["rest"] > PLACED_TOLERANCE * parts["lost"]:
+        text += f"; {_ms(parts['rest'])} outside the profiled phases"
+    return top, text
 
 
 def _cause_piece(cause: str, row: pd.Series, baseline: pd.Series, parts: dict[str, float]) -> str:

@@ -65,7 +65,19 @@ def test_lost_time_is_split_into_its_causes_by_hand():
     text = got["cause_text"]
     assert "slower compute 45.0 ms" in text and "1.50×" in text
     assert "2 workers × 1 thread on 2 cores" in text and "one worker alone had 2 threads" in text
-    assert "exposed communication 10.0 ms" in text
+    assert "exposed communication 10.0 ms" in text and text.startswith("50.0 ms more per iteration than one worker")
+    assert "outside the profiled phases" not in text and "read them as shares" not in text  # -10 of 50 ms
+
+
+def test_the_cause_says_when_the_profile_and_the_throughput_mode_disagree():
+    one = run(t=0.100)
+    # throughput mode lost 10 ms, the profile's compute grew by 45 ms
+    two = run(per_node=2, t=0.110, forward=0.045, backward=0.090)
+    assert "grew by 45.0 ms, more than the throughput-mode iteration" in pick(table_of(one, two), "torch",
+                                                                            "1×2")["cause_text"]
+    # throughput mode lost 50 ms, the profile places 10 ms
+    two = run(per_node=2, t=0.150, forward=0.035, backward=0.065)
+    assert "40.0 ms outside the profiled phases" in pick(table_of(one, two), "torch", "1×2")["cause_text"]
 
 
 def test_exposed_communication_uses_the_measured_overlap_and_quotes_the_model():
@@ -122,7 +134,7 @@ def test_flags_oversubscription_a_busy_machine_and_noise():
     assert "oversubscribed" in got["cause_text"]  # the compute explanation says it too
     quiet = pick(table_of(run(t=0.1), run(per_node=2, t=0.15)), "torch", "1×2")
     assert quiet["flags"] == ""
-    assert quiet["cause"] == "rest" and "none shows in the profiled phases" in quiet["cause_text"]
+    assert quiet["cause"] == "rest" and "none of it in the profiled phases" in quiet["cause_text"]
 
 
 def test_a_slow_baseline_is_named_instead_of_a_cause():
