@@ -31,6 +31,9 @@ _THREADS = max(1, int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_co
 os.environ["XLA_FLAGS"] = " ".join(filter(None, (
     os.environ.get("XLA_FLAGS", ""), f"--xla_cpu_multi_thread_eigen={str(_THREADS > 1).lower()}",
     f"intra_op_parallelism_threads={_THREADS}")))
+# A GPU may be shared (ranks of one run on one device, another framework after it): take memory
+# as needed instead of JAX's default 75% of the device at start-up.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jaxlib  # noqa: E402
@@ -46,6 +49,12 @@ from models import layers as L  # noqa: E402
 from models.spec import pool_output_size  # noqa: E402
 
 AXIS = "data"
+# jax.shard_map, and lax.pcast to differentiate replicated weights per device, are JAX >= 0.7's;
+# older releases have shard_map in jax.experimental and no pcast (one process still runs).
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:
+    from jax.experimental.shard_map import shard_map  # noqa: E402 - JAX before 0.7
+PCAST = getattr(lax, "pcast", None)
 
 
 # ----------------------------------------------------------------------------- model builder
@@ -327,6 +336,9 @@ class JaxTrainer(Trainer):
         devices in rank order)."""
         gpu = config.device == "gpu"
         jax.config.update("jax_platforms", "cuda" if gpu else "cpu")
+        if dist.distributed and PCAST is None:
+            raise FrameworkUnavailable(f"JAX {jax.__version__} has no lax.pcast: several "
+                                       "processes need JAX >= 0.7 (one process runs)")
         if dist.distributed:
             if not gpu:
                 jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -381,7 +393,7 @@ class JaxTrainer(Trainer):
         def per_rank_grads(params, state, images, labels, key):
             # Differentiated as device-varying, so the gradients stay this rank's own:
             # gradients of replicated weights would come back already summed over the mesh.
-            varying = lax.pcast(params, AXIS, to="varying")
+            varying = PCAST(params, AXIS, to="varying") if PCAST else params
             return grad_fn(varying, rows(state), images, labels, key)
 
         def step(params, momenta, state, images, labels, key):
@@ -400,7 +412,7 @@ class JaxTrainer(Trainer):
             return loss_and_state(params, rows(state), images, labels, key)[0][None]
 
         rep, shd = P(), P(AXIS)
-        mapped = lambda fn, ins, outs: jax.shard_map(fn, mesh=self.mesh, in_specs=ins, out_specs=outs)
+        mapped = lambda fn, ins, outs: shard_map(fn, mesh=self.mesh, in_specs=ins, out_specs=outs)
         self._step = jax.jit(mapped(step, (rep, rep, shd, shd, shd, rep), (rep, rep, shd, rep, rep)),
                              donate_argnums=(0, 1, 2))
         self._local_grads = jax.jit(mapped(local_grads, (rep, shd, shd, shd, rep), (shd, shd)))
