@@ -47,11 +47,10 @@ def test_channels_last_gives_the_same_numbers(tmp_path, jax_python):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny"])
-def test_two_processes_equal_one_on_the_global_batch(tmp_path, jax_python, model):
-    two = check_run(tmp_path, jax_python, "jax", model, workers=2, batch=4)
-    one = check_run(tmp_path, jax_python, "jax", model, workers=1, batch=8)
-    assert_ranks_equal_one_process(two, one, model)
+def test_two_processes_equal_one_on_the_global_batch(tmp_path, jax_python):
+    two = check_run(tmp_path, jax_python, "jax", "googlenet-tiny", workers=2, batch=4)
+    one = check_run(tmp_path, jax_python, "jax", "googlenet-tiny", workers=1, batch=8)
+    assert_ranks_equal_one_process(two, one, "googlenet-tiny")
 
 
 @pytest.mark.slow
