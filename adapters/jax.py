@@ -557,13 +557,23 @@ class JaxTrainer(Trainer):
                 "granularity": granularity, "profile_granularity": granularity,
                 "algorithm": "ring", "transport": "nccl" if gpu else "gloo"}
 
-    def collective_call(self, nbytes):
-        """The adapter's own pmean function of one float32 message (compiled per size in the
-        calibration's warm-up)."""
+    # A step's pmean carries every gradient tensor as one operand (googlenet 116, resnet50 161):
+    # so many operands in one calibration sample of a small size.
+    MAX_CALIBRATION_ITERS = 128
+
+    def collective_times(self, sizes, repeats, warmup=2, iters=1):
+        """Calibration: per size, `iters` float32 messages as the operands of one pmean call —
+        how a step sends its gradient tensors — timed after a barrier; seconds per message.
+        One pmean function is compiled per size and operand count (in the warm-up)."""
         if not self.dist.distributed:
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
-        message = {"message": self._shard(np.zeros((1, max(1, int(nbytes) // 4)), np.float32))}
-        return lambda: jax.block_until_ready(self._allreduce(message))
+        count, times = max(1, int(iters)), {}
+        for nbytes in sizes:
+            messages = {f"m{i}": self._shard(np.zeros((1, max(1, int(nbytes) // 4)), np.float32))
+                        for i in range(count)}
+            call = lambda messages=messages: jax.block_until_ready(self._allreduce(messages))
+            times[int(nbytes)] = [t / count for t in self.time_collective(call, repeats, warmup, 1)]
+        return times
 
 
 TRAINERS = {"allreduce": JaxTrainer}
