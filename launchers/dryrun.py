@@ -37,7 +37,7 @@ MEASURED = "2026-12 on a 2-core CPU VM (Debian 12, Python 3.11; pip's cache warm
 # compile step where the env has one), measured on MEASURED from the build logs' first write to
 # the environment's completion marker (host and mxnet timed again in an empty DLCOMPARE_HOME).
 ENV_BUILD_S: dict[str, float] = {"host": 38, "torch": 42, "torch-mpi": 242, "tf": 45, "mxnet": 14,
-                                 "horovod": 281, "cntk": 15}
+                                 "horovod": 281, "cntk": 15, "jax": 25}
 # Seconds to build each container image from scratch (launchers/images.py), same machine kind;
 # the Debian base image (debootstrap) once for all of them.
 IMAGE_BUILD_S: dict[str, float] = {"base": 120, "pytorch": 1131, "tensorflow": 145, "mxnet": 63}
@@ -46,9 +46,11 @@ IMAGE_BUILD_S: dict[str, float] = {"base": 120, "pytorch": 1131, "tensorflow": 1
 # model and weights, the record), from campaigns of the tiny models on MEASURED; a full-size
 # model adds the making of its canonical weights and its graph (MODEL_STARTUP_S).
 STARTUP_S: dict[str, float] = {"torch": 4.0, "cntk-style": 4.5, "caffe-mpi-style": 5.0, "horovod": 6.5,
-                               "tf": 11.0, "mxnet": 5.5, "cntk": 2.0}
+                               "tf": 11.0, "mxnet": 5.5, "cntk": 2.0, "jax": 7.5}
 DEFAULT_STARTUP_S = 6.0
 MODEL_STARTUP_S: dict[str, float] = {"alexnet": 6.0, "googlenet": 6.0, "resnet50": 5.0}
+# JAX compiles its step first: googlenet-tiny's graph takes this much longer than alexnet-tiny's.
+COMPILE_S: dict[tuple[str, str], float] = {("jax", "googlenet-tiny"): 35.0}
 # Seconds per training step per sample of the batch, one worker with one thread (PyTorch on
 # MEASURED, median of 5-20 steps after 2 of warm-up; batch 16, googlenet 8, resnet50 4).
 STEP_S_PER_SAMPLE: dict[str, float] = {"alexnet-tiny": 0.00176, "googlenet-tiny": 0.0042, "resnet50-tiny": 0.0045,
@@ -127,7 +129,8 @@ def _stored_step(stored: pd.DataFrame, run: RunConfig) -> float | None:
 def estimate_run(run: RunConfig, stored: pd.DataFrame) -> tuple[float | None, str]:
     """(seconds, where the estimate came from) for one run; None where nothing is known (a GPU
     with no stored run)."""
-    startup = STARTUP_S.get(run.framework, DEFAULT_STARTUP_S) + MODEL_STARTUP_S.get(run.model, 0.0)
+    startup = (STARTUP_S.get(run.framework, DEFAULT_STARTUP_S) + MODEL_STARTUP_S.get(run.model, 0.0)
+               + COMPILE_S.get((run.framework, run.model), 0.0))
     same = _stored_same(stored, run) if len(stored) else None
     if same is not None:
         step = float(same["iter_time_median"])
