@@ -122,6 +122,17 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         image="mxnet",
         server_modes=("dist_sync", "dist_device_sync"),
     ),
+    "jax": FrameworkInfo(
+        name="jax",
+        label="JAX",
+        module="adapters.jax",
+        env="jax",
+        # jax.distributed over processes, gradients averaged by lax.pmean in shard_map: one
+        # all-reduce of the whole gradient after backward (gloo on CPUs, NCCL on GPUs)
+        modes=("allreduce",),
+        synchronous_modes=("allreduce",),
+        rendezvous="torch",  # the env:// variables: JAX's coordinator on MASTER_ADDR:MASTER_PORT
+    ),
 }
 
 

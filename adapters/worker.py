@@ -25,6 +25,7 @@ import numpy as np
 from adapters.base import DistInfo, FrameworkUnavailable, RunConfig
 from adapters.calibration import run_calibration
 from adapters.data import rank_batch_start, synthetic_batch
+from adapters.machine import interval, machine_fields, sample
 from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic
 from adapters.registry import framework_info, load_trainer
 from analysis.perfmodel import split_backward_by_flops
@@ -307,10 +308,12 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
         iter_time_std=float(np.std(repeat_times)),
         throughput=config.global_batch / median,
         throughput_per_worker=config.batch_per_worker / median,
-        profile_iter_time=sum(phases[p] for p in PHASES),
+        profile_iter_time=phases["iteration_overlapped"],  # communication the framework's own way
         overlap=overlap_fraction(phases["backward"], phases["comm"], phases["backward_comm"]),
         loss_first=first["timings"]["losses"][0], loss_last=first["timings"]["losses"][-1],
         git_revision=config.git_revision, status="ok",
+        **machine_fields([r["machine"] for r in results if r.get("machine")], config.threads_per_worker,
+                         config.device),
     )
     record["phases"] = [phase_entry(p, phases[p]) for p in PHASES]
     record["env"] = environment(first["versions"])
@@ -352,11 +355,14 @@ def main(argv: list[str]) -> int:
         total = config.warmup + config.iterations * config.repeats + 2 * config.profile_iterations
         progress = Progress(config.rank_dir, dist.rank, total)
         profile = ProfileRounds(trainer, config, progress)
+        before = sample()
         timings = timed_loops(trainer, config, dist.rank, progress, after_repeat=profile.share)
+        machine = interval(before, sample())
         rank_dir = Path(config.rank_dir)
         write_json_atomic(rank_dir / f"rank{dist.rank}.json",
                           {**rank_result(config, trainer, timings, profile.medians()),
                            **model_inputs(trainer, config), "profile_samples": profile.separate,
+                           "machine": machine,
                            "profile_rounds": profile.rounds})
         trainer.barrier()
         if dist.rank == 0:

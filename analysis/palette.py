@@ -1,71 +1,91 @@
-"""One fixed colour per aggregation scheme, so that a scheme looks the same in every figure:
-the report's, the what-if's, any campaign's, whatever else a figure happens to show.
+"""One fixed colour per aggregation scheme, the same in every figure of every campaign.
 
-Keys are the names people type: the registry's framework names (``torch``, ``tf``,
-``mxnet``, ``cntk``, ``cntk-style``, ``caffe-mpi-style``, ``horovod``, ``jax``), the
-framework:mode names of the study's schemes (``torch:ddp``, ``tf:collective``, ``tf:ps``,
-``mxnet:dist_sync``, ``mxnet:dist_device_sync``, ``horovod:hierarchical`` ...) and the
-what-if catalogue's (``no-overlap``, ``wfbp``, ``mgwfbp``, ``buckets``, ``fusion``, ``ps``).
-`colour` looks a name up as given, then its framework part (``horovod:gloo`` is Horovod's
-colour), and gives any other name a stable colour of the spare list (by a hash of the name,
-not by the order names happen to come in).  Standard library only.
+A scheme is named as on the command line: the registry's framework name, with its mode where
+the framework has several (``tf:collective``, ``mxnet:dist_sync``, ``horovod:gloo``); a
+framework with one scheme is its bare name (``torch``, ``cntk``, ``cntk-style``,
+``caffe-mpi-style``, ``jax``).  Colours are keyed by that name, never by a campaign's sorted
+list of series, so PyTorch DDP is the same blue in a report of two schemes and in one of nine.
+The first colours are Okabe-Ito's colour-blind-safe set; related schemes get related hues
+(TensorFlow's modes greens, MXNet's purples, Horovod's reds).  A name this table does not know
+gets a colour derived from a hash of the name: stable across processes and campaigns, though
+not guaranteed distinct from the fixed ones.  `colour` takes a name as the what-if writes it
+(``torch:ddp``, ``horovod``, a catalogue name): a framework's name alone is its first mode's
+colour.
 """
 
 from __future__ import annotations
 
-import zlib
+import colorsys
+import hashlib
 
-# Okabe-Ito / seaborn "colorblind" hues first, darker and lighter companions for a second
-# mode of the same framework.
 SCHEME_COLOURS: dict[str, str] = {
-    "torch": "#0173b2",
-    "torch:ddp": "#0173b2",
-    "horovod": "#de8f05",
-    "horovod:gloo": "#de8f05",
-    "horovod:mpi": "#b36b00",
-    "horovod:hierarchical": "#8a5200",
-    "cntk-style": "#029e73",
-    "cntk-style:allreduce": "#029e73",
-    "cntk": "#01573f",
-    "cntk:mpi": "#01573f",
-    "caffe-mpi-style": "#d55e00",
-    "caffe-mpi-style:mpi": "#d55e00",
-    "tf": "#cc78bc",
-    "tf:collective": "#cc78bc",
-    "tf:ps": "#8e3f82",
-    "tf:ps-async": "#e3b3da",
-    "tf:mirrored": "#b25aa3",
-    "mxnet": "#ca9161",
-    "mxnet:dist_sync": "#ca9161",
-    "mxnet:dist_device_sync": "#7f5127",
-    "mxnet:local": "#e0c3a4",
-    "mxnet:device": "#a87548",
-    "mxnet:nccl": "#5c3a1c",
-    "jax": "#56b4e9",
-    "no-overlap": "#949494",
-    "wfbp": "#c8b400",
-    "mgwfbp": "#8c8000",
-    "buckets": "#1b4f72",
-    "fusion": "#f0b25e",
-    "ps": "#6b4c9a",
+    "torch": "#0072B2",                   # blue
+    "cntk": "#E69F00",                    # orange
+    "cntk-style": "#D55E00",              # vermillion
+    "caffe-mpi-style": "#CC79A7",         # reddish purple
+    "tf:collective": "#009E73",           # bluish green
+    "tf:ps": "#66C2A5",                   # light green
+    "tf:ps-async": "#1B5E20",             # dark green
+    "tf:mirrored": "#8BC34A",             # lime
+    "mxnet:dist_sync": "#6A3D9A",         # purple
+    "mxnet:dist_device_sync": "#9E7BC7",  # lavender
+    "mxnet:local": "#3F2A5C",             # dark purple
+    "mxnet:device": "#B39DDB",            # light purple
+    "mxnet:nccl": "#5E35B1",              # violet
+    "horovod:gloo": "#B2182B",            # dark red
+    "horovod:mpi": "#F4A582",             # salmon
+    "horovod:hierarchical": "#67001F",    # darkest red (the what-if's two-level all-reduce)
+    "jax": "#56B4E9",                     # sky blue
 }
 
-SPARE_COLOURS: tuple[str, ...] = ("#fbafe4", "#ece133", "#17becf", "#bcbd22", "#7f7f7f", "#e377c2",
-                                  "#8c564b", "#9467bd", "#2ca02c", "#d62728")
+# The what-if's catalogue of textbook schemes (analysis.whatif.CATALOGUE): greys and earths.
+CATALOGUE_COLOURS: dict[str, str] = {
+    "no-overlap": "#949494",              # grey
+    "wfbp": "#C8B400",                    # mustard
+    "mgwfbp": "#8C8000",                  # olive
+    "buckets": "#1B4F72",                 # navy
+    "fusion": "#F0B25E",                  # sand
+    "ps": "#5D4037",                      # brown
+}
+
+# Frameworks whose only scheme is shown under the bare framework name.
+SINGLE_SCHEME: frozenset[str] = frozenset(
+    name for name in SCHEME_COLOURS if ":" not in name)
+
+
+def scheme_name(framework, mode=None) -> str:
+    """The CLI name of a scheme: ``framework:mode``, or the framework alone where the table
+    keys it so (its one scheme) or no mode is known."""
+    framework = "" if framework is None else str(framework)
+    if not mode or framework in SINGLE_SCHEME or mode != mode:  # NaN mode
+        return framework
+    return f"{framework}:{mode}"
+
+
+def fallback_colour(name: str) -> str:
+    """A colour for a name the table lacks: hue from the name's SHA-256, medium lightness."""
+    digest = hashlib.sha256(name.encode()).digest()
+    hue = digest[0] / 256
+    lightness = 0.38 + 0.2 * digest[1] / 256
+    red, green, blue = colorsys.hls_to_rgb(hue, lightness, 0.65)
+    return "#{:02X}{:02X}{:02X}".format(*(round(255 * c) for c in (red, green, blue)))
+
+
+def scheme_colour(framework, mode=None) -> str:
+    """The fixed colour of a scheme, as '#RRGGBB'."""
+    name = scheme_name(framework, mode)
+    return SCHEME_COLOURS.get(name) or SCHEME_COLOURS.get(str(framework)) or fallback_colour(name)
 
 
 def colour(name: str) -> str:
-    """The colour of scheme `name` (hex): exact name, else its framework part, else a spare
-    colour picked by a stable hash of the name."""
+    """The colour of a scheme named on a command line: a catalogue name, ``FRAMEWORK:MODE``,
+    or a framework alone (its one scheme, else its first listed mode: ``horovod`` is
+    ``horovod:gloo``'s red)."""
     key = str(name).strip().lower()
-    if key in SCHEME_COLOURS:
-        return SCHEME_COLOURS[key]
-    framework = key.partition(":")[0]
-    if framework in SCHEME_COLOURS:
-        return SCHEME_COLOURS[framework]
-    return SPARE_COLOURS[zlib.crc32(key.encode()) % len(SPARE_COLOURS)]
-
-
-def colours(names) -> dict[str, str]:
-    """{name: colour} for every name of `names`."""
-    return {name: colour(name) for name in names}
+    if key in CATALOGUE_COLOURS:
+        return CATALOGUE_COLOURS[key]
+    framework, _, mode = key.partition(":")
+    if mode or framework in SINGLE_SCHEME:
+        return scheme_colour(framework, mode or None)
+    first = next((c for n, c in SCHEME_COLOURS.items() if n.startswith(f"{framework}:")), None)
+    return first or fallback_colour(key)

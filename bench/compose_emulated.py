@@ -27,11 +27,11 @@ environment (re-executes itself there).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
+from core.cli import OneLineParser
 from core.envs import reexec_in_host_env
 
 FRAMEWORKS = "torch,cntk-style,horovod:gloo,mxnet:dist_sync"
@@ -39,11 +39,7 @@ FRAMEWORKS = "torch,cntk-style,horovod:gloo,mxnet:dist_sync"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    reexec_in_host_env("bench.compose_emulated", argv)
-    from bench import run_module
-    from analysis.compose import composition_report
-
-    parser = argparse.ArgumentParser(prog="python -m bench.compose_emulated")
+    parser = OneLineParser(prog="python -m bench.compose_emulated")
     parser.add_argument("--frameworks", default=FRAMEWORKS)
     parser.add_argument("--model", default="alexnet-tiny")
     parser.add_argument("--batch-size", default="8")
@@ -52,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/bench-compose")
     parser.add_argument("--analyse-only", action="store_true", help="only print the comparison of a stored campaign")
     args = parser.parse_args(argv)
+    reexec_in_host_env("bench.compose_emulated", argv)
+    from analysis.compose import composition_report  # after the re-exec: pandas
+    from bench import run_module
+
     out = str(Path(args.out).resolve())
     started = time.monotonic()
     if not args.analyse_only:

@@ -19,7 +19,6 @@ Target: the 8-scheme grid answers in under one second.  Runs in the launcher's e
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.cli import OneLineParser
 from core.envs import REPO_ROOT, reexec_in_host_env
 
 GRID = ["--nodes", "2,4,8,16", "--bandwidth", "10Gbit,56Gbit,100Gbit", "--latency", "5us,50us"]
@@ -101,7 +101,7 @@ def line(what: str, seconds: list[float], cpu: list[float] | None = None) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.perfmodel_predict", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m bench.perfmodel_predict", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.perfmodel_predict", sys.argv[1:] if argv is None else argv)

@@ -14,24 +14,27 @@ environment (re-executes itself there).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from core.envs import reexec_in_host_env
+from core.cli import OneLineParser, fail
+from core.envs import REPO_ROOT, reexec_in_host_env
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    parser = OneLineParser(prog="python -m bench.published_validation")
+    parser.add_argument("--file", default=str(REPO_ROOT / "validation" / "published.toml"))
+    args = parser.parse_args(argv)
     reexec_in_host_env("bench.published_validation", argv)
     import pandas as pd  # after the re-exec: the launcher's environment has pandas
 
     from analysis import published, tables
 
-    parser = argparse.ArgumentParser(prog="python -m bench.published_validation")
-    parser.add_argument("--file", default=str(published.DEFAULT_PATH))
-    args = parser.parse_args(argv)
-    sources, _ = published.load_cases(Path(args.file))
+    try:
+        sources, _ = published.load_cases(Path(args.file))
+    except (published.PublishedError, ValueError) as error:
+        return fail(error)
     rows = published.validation_rows(Path(args.file))
     table = pd.DataFrame(rows)
     print(tables.to_markdown(table.round({"published": 3, "predicted": 3, "flat": 3, "device_efficiency": 3,

@@ -12,6 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -31,6 +32,7 @@ from launchers.calibration_runs import calibrate_campaign
 from launchers.cluster import ClusterError, LocalCluster, parse_cluster
 from launchers.cluster.transports import make_cluster, preflight
 from launchers.container_runtime import ContainerImages
+from launchers.dryrun import print_costs
 from launchers.engine import find_engine
 from launchers.images import ensure_image, image_for
 from launchers.local import planned_commands, run_local
@@ -328,6 +330,8 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         if args.dry_run:
             if spec.kind != "local":
                 print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))
+            print_costs(console, campaign, [run for run in runs if run.run_id not in stored],
+                        store.runs_frame() if store else pd.DataFrame(), getattr(args, "calibrate", False))
             return 0
         pythons, unavailable, containers = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]

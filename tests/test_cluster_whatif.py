@@ -209,9 +209,9 @@ def test_scheme_names_and_the_registry():
 
 def test_palette_is_fixed_per_scheme():
     assert palette.colour("torch:ddp") == palette.colour("torch") == palette.SCHEME_COLOURS["torch"]
-    assert palette.colour("Horovod:gloo") == palette.SCHEME_COLOURS["horovod"]
-    assert palette.colour("jax:something") == palette.SCHEME_COLOURS["jax"]
-    assert palette.colour("not-a-scheme") == palette.colour("not-a-scheme") in palette.SPARE_COLOURS
+    assert palette.colour("Horovod:gloo") == palette.colour("horovod") == palette.SCHEME_COLOURS["horovod:gloo"]
+    assert palette.colour("jax") == palette.SCHEME_COLOURS["jax"] and palette.colour("wfbp") == "#C8B400"
+    assert palette.colour("not-a-scheme") == palette.fallback_colour("not-a-scheme")
     shown = [*whatif.STUDY_SCHEMES, *whatif.CATALOGUE]
     assert len({palette.colour(name) for name in shown}) == len(shown)  # no two alike
     for name, info in FRAMEWORKS.items():  # a framework's name alone: its first mode's colour
