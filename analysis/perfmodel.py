@@ -122,8 +122,8 @@ topology its framework uses::
   ('dedicated': max(W, P/S)).  L_i = max(1, W/S) on a node holding a server (each worker's
   own link carries n, a server takes W n/S from its node's workers), else 1; a = alpha_e
   across nodes, alpha_i on one node.  With one node and the server links taken as the
-  intra-node links this is the flat row above; the NIC term is the 'parameter server' when
-  the servers' side (fan-in) is the busier one.
+  intra-node links this is the flat parameter-server formula above; the NIC term is named
+  'parameter server' when the servers' side (fan-in) is the busier one.
 
   A described cluster has no CPU contention (kappa = kappa_c = 0) unless its file says so.
   `CommCost` keeps each term apart (link latency, per-message software cost, intra-node
