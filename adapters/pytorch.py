@@ -119,6 +119,31 @@ def synthetic_tensors(batches: SyntheticBatches, pin: bool):
         yield (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
 
 
+# ----------------------------------------------------------------------------- math mode
+
+# torch 2.9 and later set TF32 through fp32_precision settings; mixing them with the older
+# allow_tf32 flags makes torch refuse to read either, so only one of the two is ever used.
+FP32_PRECISION_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor-core math for convolutions and matrix products, on or off."""
+    if FP32_PRECISION_API:
+        precision = "tf32" if enabled else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_enabled() -> bool:
+    """Whether convolutions run TF32 math (what `set_tf32` set)."""
+    if FP32_PRECISION_API:
+        return torch.backends.cudnn.conv.fp32_precision == "tf32"
+    return bool(torch.backends.cudnn.allow_tf32)
+
+
 # ----------------------------------------------------------------------------- trainer
 
 class TorchTrainer(Trainer):
@@ -171,8 +196,7 @@ class TorchTrainer(Trainer):
         if tf32 and self.device.type != "cuda":
             raise FrameworkUnavailable("tf32 is a GPU's tensor-core math; a CPU has none")
         if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.allow_tf32 = tf32
+            set_tf32(tf32)
 
     def loss_of(self, images, labels):
         """Forward and loss, under bfloat16 autocast for the bfloat16 dtype (backward then
@@ -348,7 +372,7 @@ class TorchTrainer(Trainer):
                 "ddp_bucket_mb": self.bucket_mb if self.dist.distributed else None,
                 "layout": "NHWC" if self.channels_last else "NCHW",
                 "cudnn_benchmark": torch.backends.cudnn.benchmark if cuda else None,
-                "tf32": torch.backends.cudnn.allow_tf32 if cuda else None,
+                "tf32": tf32_enabled() if cuda else None,
                 "autocast": "bfloat16" if self.config.dtype == "bfloat16" else None,
                 "pinned": self.pinned if cuda else None, "ranks_per_gpu": self.ranks_per_gpu}
 
