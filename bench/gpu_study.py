@@ -17,11 +17,11 @@ tables under `<out>/gpu_study/` (Markdown and CSV) and `<out>/gpu_study.md` (all
 - gpu_phases: PyTorch on one GPU, AlexNet / GoogleNet / ResNet-50 at the study's per-GPU
   batches 1024 / 128 / 32: io, h2d, forward, backward, update, iteration time, images/s (JAX's
   rows too, where the registry has JAX and the interpreter imports it);
-- cudnn_layout: cuDNN autotuning on/off x NCHW/NHWC, forward and backward time per model;
 - h2d: host-to-device copies from pinned and from pageable memory;
-- precision: float32 vs TF32 vs bfloat16 (autocast) throughput;
-- contention: two ranks on the one GPU (over gloo): the calibrated alpha, beta and the
-  contention shares kappa, kappa_c, and a 2-rank training run's overlap.
+- contention, overlap: two ranks on the one GPU (over gloo): the calibrated alpha, beta and the
+  contention shares kappa, kappa_c; a 2-rank training run's overlap;
+- cudnn_layout: cuDNN autotuning on/off x NCHW/NHWC, forward and backward time per model;
+- precision: float32 vs TF32 vs bfloat16 (autocast) throughput.
 
 docs/gpu.md says what each table answers.  On a CPU (--tiny, or no GPU) what only a GPU has
 (cuDNN autotuning, pageable copies, TF32) is marked "skipped on CPU".  Sections run in order
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.registry import FRAMEWORKS, framework_info
-from bench import run_command, run_compare
+from bench import run_command
 from core.cli import OneLineParser, fail
 from core.envs import REPO_ROOT, ensure_environment, reexec_in_host_env
 from launchers.interpreters import InterpreterError, probe_interpreter, versions_line
@@ -65,7 +65,8 @@ TINY_BATCH = {"alexnet-tiny": 4}
 GPU_TIMING = {"--warmup": 3, "--iterations": 5, "--repeats": 3, "--profile-iterations": 3}
 # three profile iterations even tiny: their median leaves out a first one that compiles (JAX)
 TINY_TIMING = {"--warmup": 1, "--iterations": 2, "--repeats": 2, "--profile-iterations": 3}
-# Two ranks on one GPU: the model whose gradient (28 MB) and backward are of a size
+# Two ranks on one GPU: GoogleNet's 28 MB gradient, not AlexNet's 244 MB, which gloo would
+# copy through the host for most of each step
 CONTENTION_MODEL = {"gpu": ("googlenet", 128), "cpu": ("alexnet-tiny", 4)}
 CALIBRATION_SIZES = {"gpu": ["--min-bytes", "4K", "--max-bytes", "64M", "--repeats", "5"],
                      "cpu": ["--min-bytes", "1K", "--max-bytes", "256K", "--repeats", "3"]}
@@ -86,7 +87,7 @@ PINNED_WHEELS = ("rich", "tabulate", "psutil", "pillow", "PyYAML")  # versions o
 REQUIRED_HERE = ("numpy", "pandas", "matplotlib", "seaborn")
 WORKER_PACKAGES = ("numpy", "PIL")
 
-# (section, label, what differs from the baseline, on CPU too)
+# A campaign's label -> (what it adds to the baseline's flags, whether a CPU has it too)
 VARIANTS = {
     "baseline": ([], True),
     "cudnn-off": (["--option", "cudnn_benchmark=false"], False),
@@ -96,11 +97,11 @@ VARIANTS = {
     "tf32": (["--dtype", "tf32"], False),
     "bfloat16": (["--dtype", "bfloat16"], True),
 }
-SECTIONS = {  # in the order they run: what the study asks first comes first
+SECTIONS = {  # in the order they run: the study's questions first, the cheap ones before
     "phases": ["baseline"],
-    "cudnn_layout": ["cudnn-off", "nhwc", "nhwc-cudnn-off"],
     "h2d": ["pageable"],
     "contention": ["calibration", "two-ranks"],
+    "cudnn_layout": ["cudnn-off", "nhwc", "nhwc-cudnn-off"],
     "precision": ["tf32", "bfloat16"],
     "jax": ["jax"],
 }
@@ -510,19 +511,13 @@ class Tables:
         return [row]
 
 
-TABLES = {  # name -> (title, what it answers)
+TABLES = {  # name -> (title, what it answers), in the order the sections run
     "gpu_phases": ("One GPU: phases per iteration",
                    "PyTorch (and JAX) on one device at the study's per-GPU batches; phases from the "
                    "synchronised profile, iteration and images/s from the timed loops (median, p10-p90)."),
-    "cudnn_layout": ("cuDNN autotuning x memory layout",
-                     "Forward and backward per model with cuDNN's autotuner on or off, NCHW or NHWC; "
-                     "speedup = NCHW-with-autotuning iteration / this one."),
     "h2d": ("Host-to-device copies: pinned vs pageable",
             "A batch (float32 images, int64 labels) copied from page-locked memory (the page-locking "
             "copy is in io) or from pageable memory; GB/s = bytes / h2d phase."),
-    "precision": ("float32 vs TF32 vs bfloat16",
-                  "float32 with TF32 math off, TF32 tensor-core math, bfloat16 autocast (float32 "
-                  "weights); speedup = images/s over float32's."),
     "contention": ("Two ranks on one device: contention",
                    "The 2-rank calibration (launchers.calibrate): alpha and bandwidth of the all-reduce, "
                    "the probe's median slowdown of backward while gradients are sent, and the shares "
@@ -532,7 +527,24 @@ TABLES = {  # name -> (title, what it answers)
                 "A 2-rank DDP run beside the 1-rank one: separated backward and comm, overlapped "
                 "backward+comm, overlap = the share of comm hidden behind backward, and the "
                 "performance model's prediction with the calibration above."),
+    "cudnn_layout": ("cuDNN autotuning x memory layout",
+                     "Forward and backward per model with cuDNN's autotuner on or off, NCHW or NHWC; "
+                     "speedup = NCHW-with-autotuning iteration / this one."),
+    "precision": ("float32 vs TF32 vs bfloat16",
+                  "float32 with TF32 math off, TF32 tensor-core math, bfloat16 autocast (float32 "
+                  "weights); speedup = images/s over float32's."),
 }
+
+
+def measured_with(versions: dict) -> str:
+    """' PyTorch 2.5.1, CUDA 12.4, cuDNN 90100, NCCL 2.21.5; Python 3.12.3 (PATH).' from a
+    run's environment; '' without one."""
+    if not versions:
+        return ""
+    libraries = ", ".join(f"{label} {versions[key]}" for key, label in (
+        ("torch", "PyTorch"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("nccl", "NCCL")) if versions.get(key))
+    interpreter = versions.get("python_override") or versions.get("python_executable") or "?"
+    return f" {libraries}; Python {versions.get('python', '?')} ({interpreter})."
 
 
 def write_tables(study: Study, facts: dict, started: float) -> Path:
@@ -553,11 +565,7 @@ def write_tables(study: Study, facts: dict, started: float) -> Path:
     device = next((r["device_name"] for r in records if r["status"] == "ok"), None) or "; ".join(facts["gpus"])
     parts = [f"# The study's single-GPU questions on {device or 'this machine'}\n",
              f"{time.strftime('%Y-%m-%d')}, {'tiny models on the CPU' if study.device == 'cpu' else 'one GPU'}; "
-             f"{time.monotonic() - started:.0f} s in all. "
-             + ", ".join(f"{label} {versions[key]}" for key, label in (
-                 ("torch", "PyTorch"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("nccl", "NCCL")) if versions.get(key))
-             + f"; Python {versions.get('python', '?')} "
-               f"({versions.get('python_override') or versions.get('python_executable', '?')}).\n",
+             f"{time.monotonic() - started:.0f} s in all." + measured_with(versions) + "\n",
              "## Inventory\n", *(f"- {line}" for line in inventory_lines(facts)), "",
              "## Sections\n", to_markdown(pd.DataFrame(
                  [{"section": name, **value} for name, value in study.sections.items()])
