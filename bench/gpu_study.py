@@ -316,9 +316,11 @@ class Study:
         self.run_ids[label] = sorted(self.stored_ids() - before)
         stored = (f"{len(self.run_ids[label])} runs stored" if module_and_arguments[0] == "launchers.compare"
                   else "a calibration stored" if code == 0 else "no calibration stored")
-        status = {0: "ok", 1: "some run failed", 2: "bad input (see its log)"}.get(code, f"exit {code}")
+        status = {0: "ok", 1: "some run failed", 2: "bad input"}.get(code, f"exit {code}")
         if time.monotonic() - started >= limit:
             status = "cut by the deadline"
+        elif code != 0:
+            status += f" ({failure_line(self.out / 'logs' / f'{label}.log')})"
         self.statuses[label] = status
         log(f"    {label}: {status} in {time.monotonic() - started:.0f} s "
             f"({stored}; log: logs/{label}.log)")
@@ -360,6 +362,17 @@ class Study:
         self.sections[name] = {"status": "; ".join(f"{label}: {self.statuses.get(label, '?')}"
                                                    for label in labels),
                                "seconds": round(time.monotonic() - started, 1)}
+
+
+def failure_line(path: Path) -> str:
+    """The last line of a command's log that says what went wrong."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    words = ("error", "failed", "unavailable", "timeout")
+    found = next((line.strip() for line in reversed(lines) if any(w in line.lower() for w in words)), "")
+    return found[:160] or "see its log"
 
 
 # --------------------------------------------------------------------------- tables
@@ -703,7 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     study = Study(out=out, tiny=args.tiny, device="gpu" if facts["gpus"] and not args.tiny else "cpu",
                   pythons=runnable, deadline=started + args.deadline)
     log(f"device: {study.device}; deadline {args.deadline:.0f} s (the last {RESERVE_S:.0f} s for "
-        f"the tables and the archive); sections: {', '.join(sections)}")
+        f"the tables and the archive); each campaign needs at least {LEAST_S[study.device]:.0f} s "
+        f"left to start:")
+    for name in sections:
+        log(f"  {name}: {len(SECTIONS[name])} campaign(s) ({', '.join(SECTIONS[name])})")
     try:
         for name in sections:
             study.run_section(name)
