@@ -4,9 +4,9 @@ canonically named arrays, one jit-compiled step, data parallel over processes.
 Mode `allreduce`: one process per worker joined by `jax.distributed` (its coordinator listens on
 MASTER_ADDR:MASTER_PORT of the launcher's env:// rendezvous), a 1-D mesh of every process's one
 device, and the step as `shard_map` over it: each device computes the loss and gradients of its
-share of the global batch, `lax.pmean` averages the gradients, every device applies the same
-momentum update.  The pmean of the gradient tree is one variadic all-reduce after backward
-(XLA's collectives: gloo on CPUs, NCCL on GPUs), so nothing is sent during backward.
+share of the global batch, `lax.pmean` of the gradients packed into one buffer averages them
+(one all-reduce once backward has finished, XLA's collectives: gloo on CPUs, NCCL on GPUs),
+every device applies the same momentum update.
 
 Weights need no conversion (conv OIHW, linear (out, in)); activations are NCHW, or NHWC with the
 `channels_last` option.  Caffe's conventions are matched as in the other adapters: ceil-mode
@@ -40,6 +40,7 @@ import jaxlib  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -396,17 +397,32 @@ class JaxTrainer(Trainer):
             varying = PCAST(params, AXIS, to="varying") if PCAST else params
             return grad_fn(varying, rows(state), images, labels, key)
 
+        # The gradients travel packed into one buffer (as TensorFlow packs them): XLA's CPU
+        # collectives run each leaf of a `lax.pmean` of a tree as its own gloo all-reduce, at
+        # 0.5-4 ms apiece on a 2-core host (googlenet-tiny's 116 tensors: 54 ms), where the
+        # packed buffer is one message.  Packing is a copy of the gradient, unpacking slices.
+        _, unpack = ravel_pytree(self.params)
+
+        def pack(grads):
+            return ravel_pytree(grads)[0]
+
         def step(params, momenta, state, images, labels, key):
             key, sub = jax.random.split(key)
             sub = jax.random.fold_in(sub, lax.axis_index(AXIS))
             (loss, new_state), grads = per_rank_grads(params, state, images, labels, sub)
-            grads = lax.pmean(grads, AXIS)
+            grads = unpack(lax.pmean(pack(grads), AXIS))
             params, momenta = sgd_momentum(params, momenta, grads, lr, momentum)
             return params, momenta, stacked(new_state), lax.pmean(loss, AXIS), key
 
         def local_grads(params, state, images, labels, key):
             (loss, _), grads = per_rank_grads(params, state, images, labels, key)
-            return loss[None], stacked(grads)
+            return loss[None], pack(grads)[None]
+
+        def fused_local(params, momenta, state, images, labels, key):
+            # the step's compute in one function without its all-reduce (outputs discarded)
+            (loss, _), grads = per_rank_grads(params, state, images, labels, key)
+            params, momenta = sgd_momentum(params, momenta, unpack(pack(grads)), lr, momentum)
+            return loss[None], stacked(params), stacked(momenta)
 
         def forward(params, state, images, labels, key):
             return loss_and_state(params, rows(state), images, labels, key)[0][None]
@@ -416,10 +432,11 @@ class JaxTrainer(Trainer):
         self._step = jax.jit(mapped(step, (rep, rep, shd, shd, shd, rep), (rep, rep, shd, rep, rep)),
                              donate_argnums=(0, 1, 2))
         self._local_grads = jax.jit(mapped(local_grads, (rep, shd, shd, shd, rep), (shd, shd)))
+        self._fused_local = jax.jit(mapped(fused_local, (rep, rep, shd, shd, shd, rep), (shd, shd, shd)))
         self._forward = jax.jit(mapped(forward, (rep, shd, shd, shd, rep), shd))
-        self._allreduce = jax.jit(mapped(lambda g: jax.tree.map(lambda x: lax.pmean(x[0], AXIS), g),
-                                         (shd,), rep))
-        self._update = jax.jit(lambda p, m, g: sgd_momentum(p, m, g, lr, momentum), donate_argnums=(0, 1))
+        self._allreduce = jax.jit(mapped(lambda packed: lax.pmean(packed[0], AXIS), (shd,), rep))
+        self._update = jax.jit(lambda p, m, packed: sgd_momentum(p, m, unpack(packed), lr, momentum),
+                               donate_argnums=(0, 1))
         self._gradients = jax.jit(grad_fn)
 
     def _input_pipeline(self):
@@ -472,8 +489,11 @@ class JaxTrainer(Trainer):
         """Phases, the device synchronised between them (each piece its own compiled function).
 
         Separated kind: forward from a forward-only run of the batch, then forward and backward
-        as one compiled function (backward = that - forward), the gradients' pmean as its own
-        function (comm; 0 with one rank), the momentum update.  Overlapped kind: the fused step
+        as one compiled function (backward = that - forward), the packed gradient's pmean as its
+        own function (comm; 0 with one rank), the momentum update.  Last the step's compute as
+        one function without the all-reduce (`fused_local`): backward and update are scaled so
+        that forward + backward + update is its time, since separate functions cost more than
+        the same work fused (as in the TensorFlow adapter).  Overlapped kind: the fused step
         (one function: forward, backward, pmean, update) minus the forward-only run and the
         separated kind's latest update."""
         timer = PhaseTimer(self.sync)
@@ -503,9 +523,17 @@ class JaxTrainer(Trainer):
         self.params, self.momenta = jax.block_until_ready(
             self._update(self.params, self.momenta, averaged))
         timer.lap("update")
-        self._update_seconds = timer.laps["update"]
+        jax.block_until_ready(self._fused_local(self.params, self.momenta, self.state, images, labels,
+                                                self.key))
+        timer.lap("fused")
+        laps = timer.laps
+        fused, separate = laps.pop("fused"), laps["backward"] + laps["update"]
+        if separate > 0:
+            scale = max(0.0, fused - laps["forward"]) / separate
+            laps["backward"], laps["update"] = laps["backward"] * scale, laps["update"] * scale
+        self._update_seconds = laps["update"]
         self._loss = loss
-        return timer.laps
+        return laps
 
     def last_loss(self):
         if self._loss is None:
@@ -519,7 +547,7 @@ class JaxTrainer(Trainer):
 
     def barrier(self):
         if self.dist.distributed:
-            jax.block_until_ready(self._allreduce({"barrier": self._shard(np.ones((1, 1), np.float32))}))
+            jax.block_until_ready(self._allreduce(self._shard(np.ones((1, 1), np.float32))))
 
     def versions(self):
         return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
@@ -536,8 +564,9 @@ class JaxTrainer(Trainer):
                 "layout": self.layout.name, "threads": _THREADS,
                 "grouped_conv": "native" if self.native_groups else "split per group",
                 "profile_note": "separated: forward-only function, forward+backward function "
-                                "minus it, pmean function, update function; overlapped: the fused "
-                                "step minus the forward-only run and the separated update"}
+                                "minus it, pmean function, update function, backward and update "
+                                "scaled to one fused function of the step's compute; overlapped: "
+                                "the fused step minus the forward-only run and the separated update"}
 
     def close(self):
         if self.dist.distributed:
@@ -545,35 +574,22 @@ class JaxTrainer(Trainer):
 
     # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
     def comm_scheme(self):
-        """The gradient tree's `lax.pmean` after backward: one variadic all-reduce in XLA's
-        program.  On CPUs XLA's gloo collectives run each of its operands as its own all-reduce,
-        one after another (googlenet-tiny's 116 tensors cost 116 per-message latencies); on GPUs
-        NCCL takes the operands as one grouped call."""
+        """The whole gradient packed into one buffer and all-reduced once backward has
+        finished, through XLA's collectives: gloo on CPUs, NCCL on GPUs."""
         if not self.dist.distributed:
             return None
-        gpu = self.device.platform == "gpu"
-        granularity = "whole" if gpu else "tensor"
-        return {"label": f"XLA pmean ({'nccl' if gpu else 'gloo'})", "overlap": False,
-                "granularity": granularity, "profile_granularity": granularity,
-                "algorithm": "ring", "transport": "nccl" if gpu else "gloo"}
+        transport = "nccl" if self.device.platform == "gpu" else "gloo"
+        return {"label": f"XLA all-reduce of the packed gradient ({transport})", "overlap": False,
+                "granularity": "whole", "profile_granularity": "whole", "algorithm": "ring",
+                "transport": transport}
 
-    # A step's pmean carries every gradient tensor as one operand (googlenet 116, resnet50 161):
-    # so many operands in one calibration sample of a small size.
-    MAX_CALIBRATION_ITERS = 128
-
-    def collective_times(self, sizes, repeats, warmup=2, iters=1):
-        """Calibration: per size, `iters` float32 messages as the operands of one pmean call —
-        how a step sends its gradient tensors — timed after a barrier; seconds per message.
-        One pmean function is compiled per size and operand count (in the warm-up)."""
+    def collective_call(self, nbytes):
+        """The adapter's own packed pmean of one float32 message (compiled per size in the
+        calibration's warm-up)."""
         if not self.dist.distributed:
             raise NotImplementedError("one rank has nothing to all-reduce: calibrate with 2 or more workers")
-        count, times = max(1, int(iters)), {}
-        for nbytes in sizes:
-            messages = {f"m{i}": self._shard(np.zeros((1, max(1, int(nbytes) // 4)), np.float32))
-                        for i in range(count)}
-            call = lambda messages=messages: jax.block_until_ready(self._allreduce(messages))
-            times[int(nbytes)] = [t / count for t in self.time_collective(call, repeats, warmup, 1)]
-        return times
+        message = self._shard(np.zeros((1, max(1, int(nbytes) // 4)), np.float32))
+        return lambda: jax.block_until_ready(self._allreduce(message))
 
 
 TRAINERS = {"allreduce": JaxTrainer}

@@ -71,7 +71,7 @@ def test_two_rank_record_has_phases_scheme_and_no_overlap(tmp_path, jax_python):
     assert phases["forward"] > 0 and phases["backward"] > 0 and phases["comm"] > 0
     scheme = record["extra"]["comm_scheme"]
     assert scheme["overlap"] is False and scheme["transport"] == "gloo"
-    assert scheme["granularity"] == "tensor"
+    assert scheme["granularity"] == "whole"
     assert record["overlap"] is not None and record["overlap"] < 0.5
 
 
