@@ -551,7 +551,7 @@ class JaxTrainer(Trainer):
     def versions(self):
         return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
                 "jax_backend": jax.default_backend(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "jax_cpu_collectives": str(jax.config.jax_cpu_collectives_implementation)}
+                "jax_cpu_collectives": str(getattr(jax.config, "jax_cpu_collectives_implementation", ""))}
 
     def device_name(self):
         if self.device.platform != "cpu":
