@@ -16,8 +16,9 @@ as the running-average factor, SGD momentum as PyTorch's (v = m v + g; w -= lr v
 statistics are per rank (PyTorch DDP without SyncBN).  On CPUs a grouped convolution runs as one
 convolution per group (see `build_network`).
 
-Threads: XLA's CPU thread pool is sized from the launcher's OMP_NUM_THREADS (the run's threads
-per worker) through XLA_FLAGS, set before JAX starts.
+Threads: a CPU rank with one thread per worker (the launcher's OMP_NUM_THREADS) runs XLA's
+Eigen kernels single-threaded (`--xla_cpu_multi_thread_eigen=false` in XLA_FLAGS, which XLA
+reads when its client starts, at the first use of a device).
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-# XLA reads its flags when its CPU client starts: size the thread pool to the run's threads.
-_THREADS = max(1, int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1))
-os.environ["XLA_FLAGS"] = " ".join(filter(None, (
-    os.environ.get("XLA_FLAGS", ""), f"--xla_cpu_multi_thread_eigen={str(_THREADS > 1).lower()}",
-    f"intra_op_parallelism_threads={_THREADS}")))
 # A GPU may be shared (ranks of one run on one device, another framework after it): take memory
 # as needed instead of JAX's default 75% of the device at start-up.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -336,6 +332,9 @@ class JaxTrainer(Trainer):
         """Choose the platform, join the other processes; (this rank's device, the mesh's
         devices in rank order)."""
         gpu = config.device == "gpu"
+        if not gpu and config.threads_per_worker <= 1:
+            os.environ["XLA_FLAGS"] = " ".join(filter(None, (
+                os.environ.get("XLA_FLAGS"), "--xla_cpu_multi_thread_eigen=false")))
         jax.config.update("jax_platforms", "cuda" if gpu else "cpu")
         if dist.distributed and PCAST is None:
             raise FrameworkUnavailable(f"JAX {jax.__version__} has no lax.pcast: several "
@@ -552,7 +551,7 @@ class JaxTrainer(Trainer):
     def versions(self):
         return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
                 "jax_backend": jax.default_backend(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "jax_cpu_collectives": str(jax.config.jax_cpu_collectives_implementation)}
+                "jax_cpu_collectives": str(getattr(jax.config, "jax_cpu_collectives_implementation", ""))}
 
     def device_name(self):
         if self.device.platform != "cpu":
@@ -561,7 +560,7 @@ class JaxTrainer(Trainer):
 
     def describe(self):
         return {"mesh_devices": self.mesh.size, "platform": self.device.platform,
-                "layout": self.layout.name, "threads": _THREADS,
+                "layout": self.layout.name, "threads": self.config.threads_per_worker,
                 "grouped_conv": "native" if self.native_groups else "split per group",
                 "profile_note": "separated: forward-only function, forward+backward function "
                                 "minus it, pmean function, update function, backward and update "

@@ -338,6 +338,9 @@ def main(argv: list[str]) -> int:
     spec = get_model(config.model)
     try:
         trainer_class = load_trainer(config.framework, config.mode).for_run(config)
+        if config.dtype not in trainer_class.DTYPES:
+            raise FrameworkUnavailable(f"{config.framework} runs {', '.join(trainer_class.DTYPES)}, "
+                                       f"not {config.dtype}")
         trainer = trainer_class(spec, config, dist)
     except FrameworkUnavailable as error:
         print(f"unavailable: {error}", file=sys.stderr)

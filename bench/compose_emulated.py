@@ -50,22 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.compose_emulated", argv)
     from analysis.compose import composition_report  # after the re-exec: pandas
-    from bench import run_module
+    from bench import run_command
+
+    def run(arguments: list[str]) -> int:
+        print("$ python -m " + " ".join(arguments), flush=True)
+        return run_command(arguments)
 
     out = str(Path(args.out).resolve())
     started = time.monotonic()
     if not args.analyse_only:
         calibration = ["--frameworks", args.frameworks, "--out", out, "--max-bytes", "4M", "--repeats", "6",
                        "--timeout", "900"]
-        run_module(["launchers.calibrate", *calibration, "--nodes", "1", "--workers", "2"])
-        run_module(["launchers.calibrate", *calibration, "--cluster", "emulated", "--nodes", "2", "--workers", "1",
-                    "--bandwidth", args.bandwidth])
+        run(["launchers.calibrate", *calibration, "--nodes", "1", "--workers", "2"])
+        run(["launchers.calibrate", *calibration, "--cluster", "emulated", "--nodes", "2", "--workers", "1",
+             "--bandwidth", args.bandwidth])
         campaign = ["--frameworks", args.frameworks, "--model", args.model, "--batch-size", args.batch_size,
                     "--iterations", "5", "--repeats", args.repeats, "--warmup", "2", "--profile-iterations", "3",
                     "--timeout", "1200", "--out", out]
-        run_module(["launchers.compare", *campaign, "--nodes", "1", "--workers", "1,2"])
-        run_module(["launchers.compare", *campaign, "--cluster", "emulated", "--nodes", "2", "--workers", "1,2,4",
-                    "--bandwidth", args.bandwidth])
+        run(["launchers.compare", *campaign, "--nodes", "1", "--workers", "1,2"])
+        run(["launchers.compare", *campaign, "--cluster", "emulated", "--nodes", "2", "--workers", "1,2,4",
+             "--bandwidth", args.bandwidth])
     print(composition_report(Path(out)))
     print(f"bench took {time.monotonic() - started:.0f} s; campaign {out}")
     return 0

@@ -26,7 +26,7 @@ from analysis.report import build_report
 from analysis.store import ResultStore, StoreError
 from analysis.summary import print_summary
 from core.cli import fail, interrupt_on_termination
-from core.envs import REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home, ensure_environment
+from core.envs import REPO_ROOT, EnvBuildError, dlcompare_home
 from launchers import plan as planning
 from launchers.calibration_runs import calibrate_campaign
 from launchers.cluster import ClusterError, LocalCluster, parse_cluster
@@ -35,6 +35,7 @@ from launchers.container_runtime import ContainerImages
 from launchers.dryrun import print_costs
 from launchers.engine import find_engine
 from launchers.images import ensure_image, image_for
+from launchers.interpreters import InterpreterError, Interpreters, parse_overrides, prepare_interpreters
 from launchers.local import planned_commands, run_local
 from models import get_model
 
@@ -60,14 +61,14 @@ def campaign_from_args(args) -> planning.Campaign:
     device = planning.resolve_device(args.device, gpus)
     workers = (planning.positive_ints(args.workers, "--workers") if args.workers
                else planning.default_workers(device, gpus))
+    models = planning.parse_models(args.model)
     campaign = planning.Campaign(
         frameworks=planning.parse_frameworks(args.frameworks),
-        models=planning.parse_models(args.model),
+        models=models,
         workers=workers,
         nodes=planning.positive_ints(args.nodes, "--nodes"),
         servers=planning.positive_ints(args.servers, "--servers"),
-        batch_sizes=(planning.positive_ints(args.batch_size, "--batch-size")
-                     if args.batch_size else None),
+        batch_sizes=planning.parse_batch_sizes(args.batch_size, models),
         iterations=args.iterations, warmup=args.warmup, repeats=args.repeats,
         profile_iterations=args.profile_iterations, data=args.data, device=device,
         out=Path(args.out).resolve(), timeout=args.timeout, channels_last=args.channels_last,
@@ -75,7 +76,13 @@ def campaign_from_args(args) -> planning.Campaign:
         fault=planning.parse_fault(args.inject_fault),
         git_revision=planning.git_revision(REPO_ROOT),
         runtime=getattr(args, "runtime", "local"),
+        dtype=planning.parse_dtype(getattr(args, "dtype", None)),
+        options=planning.parse_options(getattr(args, "option", None)),
+        python=parse_overrides(getattr(args, "python", None)),
     )
+    if campaign.runtime == "container" and campaign.python:
+        raise planning.UsageError("--python names a local interpreter; with --runtime container "
+                                  "every rank runs in its image's")
     if campaign.runtime == "container" and getattr(args, "calibrate", False):
         raise planning.UsageError("--calibrate runs on the local runtime only so far; "
                                   "calibrate first without --runtime container")
@@ -101,11 +108,16 @@ def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[s
 
 
 def prepare_environments(campaign: planning.Campaign):
-    """(env name -> interpreter, framework -> why it cannot run here, the container images
-    by env name or None): the framework's virtualenvs, or with --runtime container its images."""
+    """(interpreters.Interpreters: each framework's python and the frameworks that cannot run
+    here, their unavailable dict, the container images by env name or None): the framework's
+    virtualenvs or the interpreters named with --python, or with --runtime container its images."""
     if campaign.runtime == "container":
-        return prepare_images(campaign)
-    return (*prepare_virtualenvs(campaign), None)
+        chosen, containers = prepare_images(campaign)
+    else:
+        chosen, containers = prepare_interpreters(
+            campaign.frameworks, campaign.python, log=console.print, status=console.status,
+            warn=lambda message: console.print(f"[yellow]{message}[/yellow]")), None
+    return chosen, chosen.unavailable, containers
 
 
 def prepare_images(campaign: planning.Campaign):
@@ -114,13 +126,13 @@ def prepare_images(campaign: planning.Campaign):
     The interpreters are the images' own. A framework without an image is reported and
     skipped; a failed build is an error (EnvBuildError)."""
     containers = ContainerImages(find_engine(log=console.print))
-    pythons, unavailable = {}, {}
+    chosen = Interpreters()
     for info, _ in campaign.frameworks:
         spec = image_for(info)
         if spec is None:
-            unavailable[info.name] = "no container image for this framework yet"
+            chosen.unavailable[info.name] = "no container image for this framework yet"
             console.print(f"[yellow]{info.name}: cannot run in a container: "
-                          f"{unavailable[info.name]}[/yellow]")
+                          f"{chosen.unavailable[info.name]}[/yellow]")
             continue
         image = next((built for built in containers.images.values() if built.spec == spec), None)
         if image is None:  # several environments share an image (torch, torch-mpi, horovod)
@@ -131,29 +143,8 @@ def prepare_images(campaign: planning.Campaign):
             console.print(f"image {image.tag} ({image.id[:19]}, "
                           f"{image.size / 2**20:.0f} MiB): {how}")
         containers.images[info.env] = image
-        pythons[info.env] = spec.python
-    return pythons, unavailable, containers
-
-
-def prepare_virtualenvs(campaign: planning.Campaign) -> tuple[dict[str, str], dict[str, str]]:
-    """Build (once) or reuse each framework's environments.
-
-    Returns (env name -> python, framework -> why it cannot run here). A framework this
-    machine cannot host at all (EnvUnavailable: e.g. no Python 3.6 for CNTK) is reported and
-    skipped; any other build failure is an error for the whole campaign (EnvBuildError).
-    """
-    pythons, unavailable = {}, {}
-    for info, _ in campaign.frameworks:
-        for name in filter(None, (info.env, info.backend_env)):
-            if name in pythons or info.name in unavailable:
-                continue
-            try:
-                with console.status(f"environment {name} for {info.name} ..."):
-                    pythons[name] = str(ensure_environment(name, log=console.print).python)
-            except EnvUnavailable as error:
-                unavailable[info.name] = str(error)
-                console.print(f"[yellow]{info.name}: cannot run on this machine: {error}[/yellow]")
-    return pythons, unavailable
+        chosen.pythons[info.name] = spec.python
+    return chosen, containers
 
 
 def prepare_data(campaign: planning.Campaign, runs: list[RunConfig]) -> None:
@@ -198,7 +189,7 @@ def unavailable_record(run: RunConfig, error: str, duration: float = 0.0) -> dic
     return record
 
 
-def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign,
+def execute(run: RunConfig, pythons: Interpreters, campaign: planning.Campaign,
             on_progress, cluster=None, containers=None) -> dict:
     """One run, its processes placed by the cluster transport (this machine by default),
     each in its framework's image when `containers` (container_runtime.ContainerImages) is
@@ -207,16 +198,16 @@ def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign
     info = framework_info(run.framework)
     run_dir = Path(run.rank_dir)
     Path(run.record_path).unlink(missing_ok=True)
-    extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]} if info.backend_env else {})
+    python, extra_env = pythons.python(info), pythons.rank_env(info)
     cluster = cluster or LocalCluster()
-    runtime = containers.runtime_for(run, info.env, pythons[info.env]) if containers else None
+    runtime = containers.runtime_for(run, info.env, python) if containers else None
     try:
         placed = cluster.prepare(run)
         sent_before = cluster.traffic()
         runner = getattr(cluster, "run", None) or run_local  # slurm runs through sbatch
         # innermost first: the image runs the command, the node's wrapper places the image
         wrappers = ([runtime.wrap] if runtime else []) + cluster.wrappers(run)
-        outcome = runner(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
+        outcome = runner(run, python, run_dir, info.rendezvous, REPO_ROOT,
                          campaign.timeout, on_progress, extra_env=extra_env,
                          hosts=cluster.hosts(run), wrappers=wrappers)
         if sent_before:  # bytes each node sent over its link during the run
@@ -338,7 +329,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         prepare_data(campaign, pending)
         interrupt_on_termination()  # SIGTERM ends the campaign like Ctrl-C
         cluster = make_cluster(spec, campaign)
-    except (planning.UsageError, EnvBuildError, StoreError, ClusterError) as error:
+    except (planning.UsageError, InterpreterError, EnvBuildError, StoreError, ClusterError) as error:
         return fail(error)
     try:
         store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))

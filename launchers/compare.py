@@ -25,6 +25,7 @@ import sys
 
 from core.cli import EXIT_USAGE, OneLineParser, error_line, fail
 from core.envs import reexec_in_host_env
+from launchers.interpreters import add_python_argument, overrides_or_exit
 
 
 def build_parser(prog: str = "python -m launchers.compare") -> argparse.ArgumentParser:
@@ -90,6 +91,13 @@ def build_parser(prog: str = "python -m launchers.compare") -> argparse.Argument
                         help="local: each framework's virtualenv; container: every rank inside "
                              "its framework's image (python -m launchers.images, built when "
                              "missing), the image digest recorded (default: %(default)s)")
+    add_python_argument(parser)
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (on a GPU without TF32 math), tf32, or bfloat16 (mixed "
+                             "precision), where the framework has it (default: %(default)s)")
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="adapter option for every run, repeatable: cudnn_benchmark=false, "
+                             "pinned=false, share_gpu=true (ranks share one GPU), bucket_mb=N, ...")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run again the runs stored as failed or timeout")
     parser.add_argument("--calibrate", action="store_true",
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m launchers.compare
     args = build_parser(prog).parse_args(argv)  # usage errors before any environment is built
     if args.campaign is not None and not os.path.isfile(args.campaign):
         return fail(f"campaign file {args.campaign} does not exist")
+    overrides_or_exit(args.python)
     reexec_in_host_env("launchers.compare", argv)
     args = parse_with_file(build_parser(prog), argv)
     from launchers.campaign import run_campaign_cli  # after the re-exec: pandas, rich, the adapters' records

@@ -62,16 +62,21 @@ THREAD_EXPONENT = 0.8
 # --------------------------------------------------------------------------- environments
 
 def environments_needed(campaign: planning.Campaign) -> list[str]:
-    """The environment names the campaign's frameworks run in, in plan order."""
+    """The environment names the campaign's frameworks run in, in plan order; the one an
+    interpreter named with --python stands for is not built."""
     names = []
     for info, _ in campaign.frameworks:
-        names += [n for n in (info.env, info.backend_env) if n and n not in names]
+        named = (info.backend_env or info.env) if info.name in campaign.python else None
+        names += [n for n in (info.env, info.backend_env) if n and n not in names and n != named]
     return names
 
 
 def environment_rows(campaign: planning.Campaign) -> list[tuple[str, str, float | None]]:
-    """(environment, state, seconds to build it or None) for each environment needed."""
-    rows = []
+    """(environment, state, seconds to build it or None) for each environment needed, and
+    each interpreter named with --python (checked when the campaign starts)."""
+    rows = [(f"{name} (--python)", f"{path}: checked before the runs", None)
+            for name, path in campaign.python.items()
+            if name in {info.name for info, _ in campaign.frameworks}]
     for name in environments_needed(campaign):
         try:
             ready = environment_for(name).ready
