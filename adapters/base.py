@@ -328,6 +328,18 @@ class PhaseTimer:
         self.last = now
 
 
+def scale_to_fused(laps: dict[str, float], fused: float) -> dict[str, float]:
+    """Backward and update scaled so that forward + backward + update is `fused`, the same
+    step's compute timed as one compiled function: compiled frameworks (TensorFlow, JAX) time
+    their phases as separate functions, which cost more than the same work fused (each boundary
+    passes every gradient, each function is its own dispatch)."""
+    separate = laps["backward"] + laps["update"]
+    if separate > 0:
+        scale = max(0.0, fused - laps["forward"]) / separate
+        laps["backward"], laps["update"] = laps["backward"] * scale, laps["update"] * scale
+    return laps
+
+
 def cpu_name() -> str:
     """The CPU model from /proc/cpuinfo (Linux), else the platform's processor string."""
     try:

@@ -40,7 +40,8 @@ from jax.flatten_util import ravel_pytree  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer  # noqa: E402
+from adapters.base import (DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer,  # noqa: E402
+                           scale_to_fused)
 from adapters.data import Cycle, SyntheticBatches, decode_jpeg, list_jpeg_dataset  # noqa: E402
 from models import layers as L  # noqa: E402
 from models.spec import pool_output_size  # noqa: E402
@@ -525,11 +526,7 @@ class JaxTrainer(Trainer):
         jax.block_until_ready(self._fused_local(self.params, self.momenta, self.state, images, labels,
                                                 self.key))
         timer.lap("fused")
-        laps = timer.laps
-        fused, separate = laps.pop("fused"), laps["backward"] + laps["update"]
-        if separate > 0:
-            scale = max(0.0, fused - laps["forward"]) / separate
-            laps["backward"], laps["update"] = laps["backward"] * scale, laps["update"] * scale
+        laps = scale_to_fused(timer.laps, timer.laps.pop("fused"))
         self._update_seconds = laps["update"]
         self._loss = loss
         return laps

@@ -89,6 +89,12 @@ class TensorFlowTrainer(Trainer):
             raise ValueError(f"weights do not fit the model: missing {sorted(missing)[:5]}, "
                              f"unexpected {sorted(unexpected)[:5]}")
 
+    def load_weights(self, weights):
+        """Weights in, momenta zeroed (the graph-mode ps trainer overrides it)."""
+        self.assign_weights(weights)
+        for slot in self.slots.values():
+            slot.assign(tf.zeros_like(slot))
+
     def assign_weights(self, weights, assign=lambda variable, value: variable.assign(value)) -> None:
         """Set every parameter and buffer from canonical arrays (checked first), converted to the
         model's TF layout; `assign(variable, value)` is how this mode writes a variable."""

@@ -116,17 +116,21 @@ class SessionCreator(tf.compat.v1.train.SessionCreator):
                                         max_wait_secs=BARRIER_TIMEOUT_SECONDS)
 
 
-class SyncPSTrainer(TensorFlowTrainer):
-    """Synchronous parameter servers in TF1 graph mode (see the module docstring)."""
+class ParameterServerMode:
+    """What both parameter-server modes share: their servers (`serve`), and one worker on the
+    single-device path (the launcher starts no server for it)."""
 
     @classmethod
     def for_run(cls, config: RunConfig):
-        """One worker runs the single-device path (the launcher starts no server for it)."""
         return SingleDeviceTrainer if config.world_size == 1 else cls
 
     @classmethod
     def serve(cls, config: RunConfig, role: str, index: int) -> int:
         return serve(config, role, index)
+
+
+class SyncPSTrainer(ParameterServerMode, TensorFlowTrainer):
+    """Synchronous parameter servers in TF1 graph mode (see the module docstring)."""
 
     def __init__(self, spec, config: RunConfig, dist: DistInfo):
         super().__init__(spec, config, dist)

@@ -16,26 +16,16 @@ from adapters.tensorflow.base import (TensorFlowTrainer, choose_layout, configur
                                       tf_versions)
 from adapters.tensorflow.inputs import jpeg_dataset, synthetic_pool
 from adapters.tensorflow.model import TFModel, momentum_update
-from adapters.tensorflow.ps import serve, tf_config
-from adapters.tensorflow.strategy import SingleDeviceTrainer
+from adapters.tensorflow.ps import ParameterServerMode, tf_config
 
 
-class AsyncPSTrainer(TensorFlowTrainer):
+class AsyncPSTrainer(ParameterServerMode, TensorFlowTrainer):
     """TF2 ParameterServerStrategy + ClusterCoordinator (asynchronous; see the module doc).
 
     One `step()` schedules one step function per TF worker (the global batch), returning at
     once; `sync()` joins the coordinator. The weights each worker reads may be older than
     other workers' updates: that is the scheme.
     """
-
-    @classmethod
-    def for_run(cls, config: RunConfig):
-        """One worker runs the single-device path (the launcher starts no server for it)."""
-        return SingleDeviceTrainer if config.world_size == 1 else cls
-
-    @classmethod
-    def serve(cls, config: RunConfig, role: str, index: int) -> int:
-        return serve(config, role, index)
 
     def __init__(self, spec, config: RunConfig, dist: DistInfo):
         super().__init__(spec, config, dist)
@@ -109,11 +99,6 @@ class AsyncPSTrainer(TensorFlowTrainer):
         self._grads_given = grads_given
         dataset = self.strategy.distribute_datasets_from_function(self._dataset_fn)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(dataset))
-
-    def load_weights(self, weights):
-        self.assign_weights(weights)
-        for slot in self.slots.values():
-            slot.assign(tf.zeros_like(slot))
 
     def gradients(self, images, labels):
         x = tf.constant(self.model.images_to_layout(images))

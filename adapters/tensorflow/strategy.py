@@ -10,7 +10,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig
+from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, scale_to_fused
 from adapters.data import Cycle
 from adapters.tensorflow.base import (TensorFlowTrainer, choose_layout, configure_threads,
                                       local_gpus, tf_versions)
@@ -202,11 +202,6 @@ class StrategyTrainer(TensorFlowTrainer):
         return iter(self.strategy.distribute_datasets_from_function(dataset_fn))
 
     # -- weights -----------------------------------------------------------------------------
-    def load_weights(self, weights):
-        self.assign_weights(weights)
-        for slot in self.slots.values():
-            slot.assign(tf.zeros_like(slot))
-
     def gradients(self, images, labels):
         x = tf.constant(self.model.images_to_layout(images))
         y = tf.constant(labels)
@@ -310,11 +305,7 @@ class StrategyTrainer(TensorFlowTrainer):
         timer.lap("update")
         self._fused_local_step()(images, labels)
         timer.lap("fused")
-        laps = timer.laps
-        fused, separate = laps.pop("fused"), laps["backward"] + laps["update"]
-        if separate > 0:
-            scale = max(0.0, fused - laps["forward"]) / separate
-            laps["backward"], laps["update"] = laps["backward"] * scale, laps["update"] * scale
+        laps = scale_to_fused(timer.laps, timer.laps.pop("fused"))
         self._update_seconds = laps["update"]
         self._loss = loss
         return laps
