@@ -7,7 +7,8 @@ All four ranks share this machine's 2 cores: the test compares the prediction on
 own measured compute (the composition of the links is what is tested), at a bandwidth low
 enough that the link is most of the iteration.  The bound here (30%) catches a composition
 that leaves out a link (the ring across the shaped link is about 70 ms of a 100-120 ms
-iteration); the model's 15% accuracy target needs a quiet machine and lives in `python -m bench.compose_emulated`."""
+iteration); the model's 15% accuracy target needs a quiet machine and lives in
+`python -m bench.compose_emulated`."""
 
 from __future__ import annotations
 
