@@ -7,6 +7,9 @@ after the timed loops so that both see the machine in the same state. Each rank 
 timings to rank_dir/rank<r>.json; after a barrier rank 0 merges them into the one result
 record. The slowest rank defines a synchronous iteration, so merged times take the maximum
 over ranks. Adapters print no results themselves.
+
+Every process started here (workers and serving roles) ends when the process that started
+it is gone (`watch_parent`), so no rank trains on for a launcher that was killed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -48,6 +52,30 @@ class Progress:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(f"{self.done} {self.total} {phase}")
             os.replace(tmp, self.path)
+
+
+PARENT_POLL_S = 1.0
+
+
+def watch_parent(interval: float = PARENT_POLL_S) -> None:
+    """End this process (its whole process group when it leads one, as under sshd) once its
+    parent is gone: the launcher, mpirun, horovodrun's or sshd's session process. A thread
+    polls getppid(); PR_SET_PDEATHSIG cannot stand in for it here, since it fires when the
+    parent's forking *thread* ends, which in a framework's launcher need not be the parent's
+    end. Nothing to watch when started as pid 1 of a container (its runtime removes it);
+    DLC_PARENT_WATCH=0 turns it off (bench/fault_overhead.py measures its cost)."""
+    parent = os.getppid()
+    if parent <= 1 or os.environ.get("DLC_PARENT_WATCH") == "0":
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def maybe_inject_fault(config: RunConfig, rank: int, step: int) -> None:
@@ -326,6 +354,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m adapters.worker RUN.json", file=sys.stderr)
         return 2
+    watch_parent()
     config = RunConfig.from_json(argv[0])
     role = os.environ.get("DLC_ROLE", "worker")
     if role != "worker":  # a parameter server, scheduler, ...: the adapter serves the workers

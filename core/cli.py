@@ -1,8 +1,10 @@
 """What every command-line entry point shares: one error format, usage errors in one line, the
 exit codes, and interrupts that end a command the way Ctrl-C does.
 
-Exit codes: 0 everything ran, 1 something ran and failed (recorded), 2 bad input (nothing was
-run), 130 interrupted (what was measured is kept).
+Exit codes: 0 everything ran, 1 something ran and failed (recorded), 2 bad input or the
+campaign folder in use by another campaign (nothing was run), 3 results could not be written
+(a full disk, a damaged store; what was measured is kept in its run folder and stored by the
+next run of the command), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: what was measured is kept).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_WRITTEN = 3
 EXIT_INTERRUPTED = 130
 
 
@@ -24,8 +27,12 @@ def error_line(message: object) -> str:
 
 
 def fail(message: object, code: int = EXIT_USAGE) -> int:
-    """Print `message` as the one error line on stderr and return `code` for the caller to exit."""
-    print(error_line(message), file=sys.stderr, flush=True)
+    """Print `message` as the one error line on stderr and return `code` for the caller to exit.
+    A terminal that is gone (SIGHUP, then EIO on every write) does not change the exit code."""
+    try:
+        print(error_line(message), file=sys.stderr, flush=True)
+    except OSError:
+        pass
     return code
 
 
@@ -43,5 +50,11 @@ def raise_interrupt(signum, frame):
 
 
 def interrupt_on_termination() -> None:
-    """SIGTERM ends the command like Ctrl-C."""
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    """SIGTERM and SIGHUP (the terminal closed, the ssh session to it lost) end the command
+    like Ctrl-C, so its runs are killed and its clusters torn down before it exits. (What a
+    signal that cannot be caught, SIGKILL, leaves behind ends with it by other means: each
+    rank's parent-death signal and parent watch, the clusters' reapers.) A signal ignored
+    when the command started stays ignored: `nohup` keeps a campaign going past its terminal."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, raise_interrupt)
