@@ -798,7 +798,8 @@ class CampaignLock:
         self.took_over = self.holder(fd) if os.fstat(fd).st_size else None
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {' '.join(sys.argv)[:500]}\n".encode(), 0)
+            command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+            os.pwrite(fd, f"{os.getpid()} {command[:500]}\n".encode(), 0)
         except OSError:
             pass  # a full disk cannot take the holder's name; the lock itself is held
         return self
@@ -812,7 +813,9 @@ class CampaignLock:
             return "another process"
         if not pid.isdigit():
             return "another process"
-        return f"pid {pid}" + (f" ({command[:120]})" if command else "")
+        if len(command) > 60:
+            command = command[:59] + "…"
+        return f"pid {pid}" + (f" ({command})" if command else "")
 
     def release(self) -> None:
         if self._fd is None:

@@ -10,6 +10,7 @@ next run of the command), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: what was mea
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -49,12 +50,28 @@ def raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def hang_up_terminal(terminals: tuple[int, ...]):
+    """A SIGHUP handler: the terminal on `terminals` (file descriptors) is gone, so every
+    later write there would fail (EIO) and turn the orderly end into a traceback: point them
+    at /dev/null, then end like Ctrl-C."""
+    def handler(signum, frame):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in terminals:
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        raise KeyboardInterrupt
+
+    return handler
+
+
 def interrupt_on_termination() -> None:
     """SIGTERM and SIGHUP (the terminal closed, the ssh session to it lost) end the command
     like Ctrl-C, so its runs are killed and its clusters torn down before it exits. (What a
     signal that cannot be caught, SIGKILL, leaves behind ends with it by other means: each
     rank's parent-death signal and parent watch, the clusters' reapers.) A signal ignored
     when the command started stays ignored: `nohup` keeps a campaign going past its terminal."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    handlers = {signal.SIGTERM: raise_interrupt,
+                signal.SIGHUP: hang_up_terminal(tuple(fd for fd in (1, 2) if os.isatty(fd)))}
+    for signum, handler in handlers.items():
         if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, raise_interrupt)
+            signal.signal(signum, handler)

@@ -248,7 +248,8 @@ def run_cli(args, argv: list[str]) -> int:
         settings = settings_from_args(args)
         planning.check_out_dir(settings["out"])
         store = open_campaign(settings["out"], wait=getattr(args, "wait", False),
-                              repair=getattr(args, "repair", False), log=console.print)
+                              repair=getattr(args, "repair", False),
+                              log=lambda text: console.print(text, soft_wrap=True, markup=False))
         pythons = {}
         for info, _ in settings["frameworks"]:
             for name in filter(None, (info.env, info.backend_env)):

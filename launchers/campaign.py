@@ -355,6 +355,11 @@ def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster) 
                           markup=False, highlight=False, soft_wrap=True)
 
 
+def note(text: str) -> None:
+    """A line about the campaign folder, printed as it is (paths and commands hold brackets)."""
+    console.print(text, soft_wrap=True, markup=False, highlight=False)
+
+
 def say(text: str) -> None:
     """A closing message; a terminal that is gone (SIGHUP) does not turn it into a traceback."""
     try:
@@ -386,7 +391,7 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
         planning.check_out_dir(campaign.out)
         store = open_campaign(campaign.out, wait=getattr(args, "wait", False),
-                              repair=getattr(args, "repair", False), log=console.print)
+                              repair=getattr(args, "repair", False), log=note)
     except StoreError as error:
         return fail(error, error.exit_code)
     except (planning.UsageError, EnvBuildError, ClusterError) as error:
