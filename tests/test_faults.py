@@ -426,15 +426,19 @@ def test_one_campaign_per_folder_and_a_dead_holder_is_taken_over(tmp_path, torch
                              ("launchers.calibrate", ["--workers", "2"])):
             refused = run_cli(module, *args, "--out", str(out), timeout=120)
             assert_one_error(refused.returncode, refused.stderr, 2, "in use by", f"pid {holder.pid}")
-        waiter = start_campaign(out, *TINY, "--wait")
-        time.sleep(5)
-        assert waiter.poll() is None  # still waiting
+        log = tmp_path / "waiter.log"
+        with open(log, "w") as stderr:
+            waiter = start_campaign(out, *TINY, "--wait", stderr=stderr)
+        wait_for(lambda: "waiting (--wait)" in log.read_text(), 120, "the second campaign to wait")
+        time.sleep(1)
+        assert waiter.poll() is None
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
-        assert_all_gone(ranks)  # no rank outlives its campaign
-        _, err = waiter.communicate(timeout=600)
+        assert_all_gone(ranks, timeout=10)  # no rank outlives its campaign
+        waiter.communicate(timeout=600)
+        err = log.read_text()
         assert waiter.returncode == 0, err[-3000:]
-        assert "waiting (--wait)" in err and "taken over" in err and f"pid {holder.pid}" in err
+        assert f"pid {holder.pid}" in err and "ended without releasing it; taken over" in err
         after = stored(out)
         assert set(before) < set(after) and len(after) == 2  # the hung run was never stored
         assert worker_processes(str(out)) == []
@@ -507,15 +511,20 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
     out = tmp_path / "ssh"
 
     def remote_ranks():
-        return [pid for node in range(2) for pid in namespace_pids(cluster.namespace(node))
-                if pid not in sshd and "adapters.worker" in " ".join(psutil.Process(pid).cmdline())]
+        found = []
+        for pid in (pid for node in range(2) for pid in namespace_pids(cluster.namespace(node))):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if pid not in sshd and "adapters.worker" in " ".join(psutil.Process(pid).cmdline()):
+                    found.append(pid)
+        return found
 
     campaign = start_campaign(out, *HANGING, "--nodes", "2", "--cluster", f"hostfile:{hostfile}")
     try:
         wait_for(lambda: len(remote_ranks()) == 2, 300, "a rank on each node")
         campaign.send_signal(signal.SIGKILL)
         campaign.wait(timeout=30)
-        wait_for(lambda: not remote_ranks(), 30, "the remote ranks to go")
+        # without the watches they train on, re-parented to the node's init
+        wait_for(lambda: not remote_ranks(), 10, "the remote ranks to go")
     finally:
         kill_tree(campaign)
 
