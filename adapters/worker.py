@@ -24,36 +24,6 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
-
-from adapters.base import DistInfo, FrameworkUnavailable, RunConfig
-from adapters.calibration import run_calibration
-from adapters.data import rank_batch_start, synthetic_batch
-from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic
-from adapters.registry import framework_info, load_trainer
-from analysis.perfmodel import split_backward_by_flops
-from analysis.record import PHASES, empty_record, phase_entry
-from models import canonical_weights, get_model
-
-EXIT_UNAVAILABLE = 3
-
-
-class Progress:
-    """Rank 0 writes 'done total phase' to a small file the launcher polls for its run bar."""
-
-    def __init__(self, rank_dir: str, rank: int, total: int):
-        self.path = Path(rank_dir) / "progress" if rank == 0 and rank_dir else None
-        self.total = total
-        self.done = 0
-
-    def advance(self, phase: str) -> None:
-        self.done += 1
-        if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(f"{self.done} {self.total} {phase}")
-            os.replace(tmp, self.path)
-
-
 PARENT_POLL_S = 1.0
 
 
@@ -76,6 +46,39 @@ def watch_parent(interval: float = PARENT_POLL_S) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+if __name__ == "__main__":  # before the imports below: the launcher may be gone by their end
+    watch_parent()
+
+import numpy as np  # noqa: E402
+
+from adapters.base import DistInfo, FrameworkUnavailable, RunConfig  # noqa: E402
+from adapters.calibration import run_calibration  # noqa: E402
+from adapters.data import rank_batch_start, synthetic_batch  # noqa: E402
+from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic  # noqa: E402
+from adapters.registry import framework_info, load_trainer  # noqa: E402
+from analysis.perfmodel import split_backward_by_flops  # noqa: E402
+from analysis.record import PHASES, empty_record, phase_entry  # noqa: E402
+from models import canonical_weights, get_model  # noqa: E402
+
+EXIT_UNAVAILABLE = 3
+
+
+class Progress:
+    """Rank 0 writes 'done total phase' to a small file the launcher polls for its run bar."""
+
+    def __init__(self, rank_dir: str, rank: int, total: int):
+        self.path = Path(rank_dir) / "progress" if rank == 0 and rank_dir else None
+        self.total = total
+        self.done = 0
+
+    def advance(self, phase: str) -> None:
+        self.done += 1
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(f"{self.done} {self.total} {phase}")
+            os.replace(tmp, self.path)
 
 
 def maybe_inject_fault(config: RunConfig, rank: int, step: int) -> None:
@@ -354,7 +357,6 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m adapters.worker RUN.json", file=sys.stderr)
         return 2
-    watch_parent()
     config = RunConfig.from_json(argv[0])
     role = os.environ.get("DLC_ROLE", "worker")
     if role != "worker":  # a parameter server, scheduler, ...: the adapter serves the workers

@@ -501,9 +501,11 @@ def test_closing_the_terminal_ends_the_campaign_and_its_ranks(tmp_path, torch_py
 
 @needs_root
 @pytest.mark.slow
-def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, sshd_nodes):
-    """SIGKILL of a campaign whose ranks run on two nodes reached through real sshd: the
-    remote watch kills each node's session when its ssh connection ends."""
+@pytest.mark.parametrize("when", ["starting", "training"])
+def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, sshd_nodes, when):
+    """SIGKILL of a campaign whose ranks run on two nodes reached through real sshd, while
+    the ranks start (the remote watch of the session's stdin ends them) or train (so do the
+    ranks' own parent watches)."""
     from launchers.cluster.emulated import namespace_pids
 
     hostfile, cluster, daemons, _ = sshd_nodes
@@ -521,6 +523,8 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
     campaign = start_campaign(out, *HANGING, "--nodes", "2", "--cluster", f"hostfile:{hostfile}")
     try:
         wait_for(lambda: len(remote_ranks()) == 2, 300, "a rank on each node")
+        if when == "training":
+            wait_for(lambda: list(out.glob("runs/*/progress")), 300, "the first steps")
         campaign.send_signal(signal.SIGKILL)
         campaign.wait(timeout=30)
         # without the watches they train on, re-parented to the node's init
