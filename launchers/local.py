@@ -98,8 +98,10 @@ class ProcessGroupRun:
 
     def __init__(self, config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str,
                  cwd: Path, extra_env: dict[str, str] | None = None,
-                 hosts: list[Host] | None = None, wrappers: list[CommandWrapper] = ()):
+                 hosts: list[Host] | None = None, wrappers: list[CommandWrapper] = (),
+                 lifelines: bool = True):
         self.config = config
+        self.lifelines = lifelines  # False only to measure their cost (bench/fault_overhead.py)
         self.run_dir = run_dir
         self.specs: list[ProcessSpec] = processes_for(rendezvous_kind, config, hosts)
         self.wrappers = list(wrappers)
@@ -114,7 +116,7 @@ class ProcessGroupRun:
         what a dry run prints."""
         base = {**os.environ, **thread_env(self.config.threads_per_worker),
                 "PYTHONPATH": str(self.cwd), "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
-                **self.extra_env}
+                **self.extra_env, **({} if self.lifelines else {"DLC_PARENT_WATCH": "0"})}
         base.pop("DLCOMPARE_HOST_ENV", None)
         placed = []
         for spec in self.specs:
@@ -129,13 +131,14 @@ class ProcessGroupRun:
         return placed
 
     def start(self, run_json: Path) -> None:
-        preexec = die_with_parent()
+        preexec = die_with_parent() if self.lifelines else None
         for spec, argv, env in self.commands(run_json):
             stderr = open(self.run_dir / f"{spec.name}.stderr", "wb")
             stdout = open(self.run_dir / f"{spec.name}.stdout", "wb")
             process = subprocess.Popen(
                 argv, cwd=self.cwd, env=env, stdout=stdout, stderr=stderr,
-                stdin=subprocess.PIPE,  # the lifeline: end-of-file once this process is gone
+                # the lifeline: end-of-file once this process is gone
+                stdin=subprocess.PIPE if self.lifelines else subprocess.DEVNULL,
                 process_group=0 if self.pgid is None else self.pgid, preexec_fn=preexec)
             stdout.close()
             stderr.close()
@@ -263,17 +266,19 @@ def wait_for_owner(owner: int, done: Callable[[], bool] = lambda: False,
 
 def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: str, cwd: Path,
               timeout: float, on_progress=None, extra_env: dict[str, str] | None = None,
-              hosts: list[Host] | None = None, wrappers: list[CommandWrapper] = ()
-              ) -> RunOutcome:
+              hosts: list[Host] | None = None, wrappers: list[CommandWrapper] = (),
+              lifelines: bool = True) -> RunOutcome:
     """Write RUN.json, start every rank, wait for all of them or the first failure.
 
     `hosts` (one per node) and `wrappers` let a cluster transport or a container runtime place
-    the processes; by default every process runs here, on loopback."""
+    the processes; by default every process runs here, on loopback. `lifelines=False` starts
+    them without parent-death signal, stdin lifeline and parent watch: only to measure what
+    those cost (bench/fault_overhead.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     run_json = run_dir / "RUN.json"
     config.to_json(run_json)
     group = ProcessGroupRun(config, python, run_dir, rendezvous_kind, cwd, extra_env, hosts,
-                            wrappers)
+                            wrappers, lifelines)
     try:
         # Ctrl-C is held back while the processes start, so none can be forked without being
         # tracked; delivered right after, it lands in the except below and kills them all.

@@ -94,6 +94,14 @@ def start_campaign(out: Path, *args: str, **popen) -> subprocess.Popen:
                             cwd=REPO_ROOT, env=env, text=True, **popen)
 
 
+def running(campaign: subprocess.Popen, value):
+    """`value`, once the campaign is known to be still running (else its output, to fail with)."""
+    if campaign.poll() is not None:
+        raise AssertionError(f"the campaign ended ({campaign.returncode}): "
+                             f"{(campaign.communicate()[1] or '')[-3000:]}")
+    return value
+
+
 def ranks_of(out: Path) -> list[psutil.Process]:
     """The campaign's rank processes (their command line names the run folder under OUT)."""
     return [p for p in worker_processes(str(out)) if "adapters.worker" in " ".join(p.cmdline())]
@@ -520,9 +528,18 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
                     found.append(pid)
         return found
 
-    campaign = start_campaign(out, *HANGING, "--nodes", "2", "--cluster", f"hostfile:{hostfile}")
+    log = tmp_path / "campaign.log"
+    with open(log, "w") as stderr:
+        campaign = start_campaign(out, *HANGING, "--nodes", "2", "--cluster",
+                                  f"hostfile:{hostfile}", stderr=stderr)
     try:
-        wait_for(lambda: len(remote_ranks()) == 2, 300, "a rank on each node")
+        try:
+            wait_for(lambda: campaign.poll() is None and len(remote_ranks()) == 2, 300,
+                     "a rank on each node")
+        except AssertionError:
+            raise AssertionError(f"{log.read_text()[-3000:]}\n" + "\n".join(
+                f"node {node}: {[psutil.Process(p).cmdline() for p in namespace_pids(cluster.namespace(node))]}"
+                for node in range(2))) from None
         if when == "training":
             wait_for(lambda: list(out.glob("runs/*/progress")), 300, "the first steps")
         campaign.send_signal(signal.SIGKILL)
