@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from rich.table import Table
 
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
+from adapters.rankfiles import write_json_atomic
 from adapters.registry import framework_info
 from analysis.predict import predict_stored
 from analysis.record import empty_record
@@ -274,13 +274,11 @@ def keep_record(run: RunConfig, record: dict) -> bool:
     (atomically: a full disk leaves rank 0's own record there, which is the same measurement).
     True when the run folder holds a record of the run afterwards."""
     path = Path(run.record_path)
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(record, default=str))
-        os.replace(tmp, path)
+        write_json_atomic(path, record)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass  # a full disk: rank 0's own record, if it wrote one, is still there
     return path.exists()
 
 

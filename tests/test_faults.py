@@ -510,7 +510,7 @@ def test_closing_the_terminal_ends_the_campaign_and_its_ranks(tmp_path, torch_py
 @needs_root
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["starting", "training"])
-def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, sshd_nodes, when):
+def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, sshd_nodes, when):  # noqa: F811
     """SIGKILL of a campaign whose ranks run on two nodes reached through real sshd, while
     the ranks start (the remote watch of the session's stdin ends them) or train (so do the
     ranks' own parent watches)."""
@@ -546,6 +546,31 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
         campaign.wait(timeout=30)
         # without the watches they train on, re-parented to the node's init
         wait_for(lambda: not remote_ranks(), 10, "the remote ranks to go")
+    finally:
+        kill_tree(campaign)
+
+
+@pytest.mark.slow
+def test_containers_of_a_killed_campaign_are_removed(tmp_path):
+    """SIGKILL of a campaign whose rank runs in a container (whose processes belong to the
+    engine, not to the campaign): its reaper removes the containers it labelled."""
+    from launchers.container_runtime import owned_containers
+    from tests.test_containers import build, engine
+
+    built = build("pytorch")  # reused when tests/test_containers.py built it already
+    assert built.returncode == 0, built.stderr[-3000:]
+    out = tmp_path / "containers"
+    campaign = start_campaign(out, "--runtime", "container", *HANGING)
+    try:
+        containers = engine()
+        wait_for(lambda: running(campaign, owned_containers(containers, campaign.pid)), 600,
+                 "the run's container")
+        wait_for(lambda: list(out.glob("runs/*/progress")), 300, "the rank's first steps")
+        campaign.send_signal(signal.SIGKILL)
+        campaign.wait(timeout=30)
+        wait_for(lambda: not owned_containers(containers, campaign.pid), 120,
+                 "the reaper to remove the containers")
+        wait_for(lambda: not worker_processes(str(out)), 30, "the container's processes to go")
     finally:
         kill_tree(campaign)
 
