@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(timings["with"][key]) / statistics.median(timings["without"][key])
         print(f"  {label:22s} with {spread(timings['with'][key], scale, unit)}   "
               f"without {spread(timings['without'][key], scale, unit)}   with/without {ratio:.3f}")
+    paired = [w - o for w, o in zip(timings["with"]["wall"], timings["without"]["wall"])]
+    print(f"  run wall time, with - without in the same round {spread(paired, 1, 's')}")
     print(f"  folder lock (take + release)   {spread(costs['lock'], 1e6, 'us')}")
     print(f"  integrity check, {runs} runs     {spread(costs['check'], 1e3, 'ms')}  (once per open)")
     return 0

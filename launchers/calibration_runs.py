@@ -263,9 +263,12 @@ def run_cli(args, argv: list[str]) -> int:
             nodes=settings["nodes"], latencies=settings["latencies"]))
     except StoreError as error:
         return fail(error, error.exit_code)
-    except (planning.UsageError, EnvBuildError, ClusterError) as error:
+    except (planning.UsageError, EnvBuildError, ClusterError, KeyboardInterrupt) as error:
         if store is not None:
             store.close()
+        if isinstance(error, KeyboardInterrupt):  # while waiting for the folder (--wait)
+            console.print("[yellow]interrupted: nothing was calibrated[/yellow]")
+            return 130
         return fail(error)
     interrupt_on_termination()  # like Ctrl-C: ranks killed, cluster removed
     with store, cluster:
