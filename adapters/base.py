@@ -129,6 +129,9 @@ class Trainer(abc.ABC):
     # Calibration: at most this many back-to-back calls per sample of a small message
     # (`collective_times`' iters; nccl-tests' -n).
     MAX_CALIBRATION_ITERS = 20
+    # The RunConfig.dtype values the adapter runs; the worker reports any other as unavailable
+    # rather than run float32 under another name.
+    DTYPES: tuple[str, ...] = ("float32",)
 
     def __init__(self, spec, config: RunConfig, dist: DistInfo):
         self.spec = spec

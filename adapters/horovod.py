@@ -166,7 +166,7 @@ class HorovodTrainer(TorchTrainer):
         timer.lap("io")
         images, labels = self._to_device(*batch)
         timer.lap("h2d")
-        loss = F.cross_entropy(self.model(images), labels)
+        loss = self.loss_of(images, labels)
         timer.lap("forward")
         self.optimizer.zero_grad()
         if overlapped:
@@ -229,7 +229,7 @@ class HorovodTrainer(TorchTrainer):
         which torch.autograd.grad runs, instead of post-accumulate hooks, which it does not:
         backward here is the hook-free one of the separated profile."""
         images, labels = self._to_device(*next(self.batches))
-        loss = F.cross_entropy(self.model(images), labels)
+        loss = self.loss_of(images, labels)
         self.optimizer.zero_grad()
         ready = self.layer_ready_times(loss, lambda param, hook: param.register_hook(hook))
         self.optimizer.zero_grad()

@@ -119,14 +119,44 @@ def synthetic_tensors(batches: SyntheticBatches, pin: bool):
         yield (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
 
 
+# ----------------------------------------------------------------------------- math mode
+
+# torch 2.9 and later set TF32 through fp32_precision settings; mixing them with the older
+# allow_tf32 flags makes torch refuse to read either, so only one of the two is ever used.
+FP32_PRECISION_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor-core math for convolutions and matrix products, on or off."""
+    if FP32_PRECISION_API:
+        precision = "tf32" if enabled else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_enabled() -> bool:
+    """Whether convolutions run TF32 math (what `set_tf32` set)."""
+    if FP32_PRECISION_API:
+        return torch.backends.cudnn.conv.fp32_precision == "tf32"
+    return bool(torch.backends.cudnn.allow_tf32)
+
+
 # ----------------------------------------------------------------------------- trainer
 
 class TorchTrainer(Trainer):
+    # float32 (TF32 math off), tf32 (TF32 tensor-core math, GPU only), bfloat16 (autocast:
+    # bfloat16 compute where autocast has it, float32 weights and loss)
+    DTYPES = ("float32", "tf32", "bfloat16")
+
     def __init__(self, spec, config: RunConfig, dist_info: DistInfo):
         super().__init__(spec, config, dist_info)
         torch.manual_seed(config.seed)
         torch.set_num_threads(max(1, config.threads_per_worker))
         self.device = self._select_device()
+        self._set_math_mode()
         self.channels_last = bool(config.options.get("channels_last", False))
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(config.options.get("cudnn_benchmark", True))
@@ -141,12 +171,40 @@ class TorchTrainer(Trainer):
 
     # -- set-up ------------------------------------------------------------------------------
     def _select_device(self) -> torch.device:
-        if self.config.device == "gpu":
-            if not torch.cuda.is_available():
-                raise FrameworkUnavailable("--device gpu asked, but torch sees no CUDA GPU")
-            torch.cuda.set_device(self.dist.local_rank)
-            return torch.device("cuda", self.dist.local_rank)
-        return torch.device("cpu")
+        """GPU `local_rank`; with the share_gpu option, ranks beyond the GPUs present share
+        them round-robin (and talk over gloo: NCCL refuses two ranks on one device)."""
+        self.ranks_per_gpu = None
+        if self.config.device != "gpu":
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise FrameworkUnavailable("--device gpu asked, but torch sees no CUDA GPU")
+        count, index = torch.cuda.device_count(), self.dist.local_rank
+        if self.config.workers_per_node > count:
+            if not self.config.options.get("share_gpu"):
+                raise FrameworkUnavailable(f"{self.config.workers_per_node} ranks per node, but "
+                                           f"torch sees {count} GPU(s) (option share_gpu=true "
+                                           f"lets ranks share them)")
+            self.ranks_per_gpu = -(-self.config.workers_per_node // count)
+            index %= count
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def _set_math_mode(self) -> None:
+        """float32 computes in float32 (cuDNN's convolutions default to TF32 on GPUs that have
+        it, so TF32 is switched off); tf32 switches it on for convolutions and matrix products."""
+        tf32 = self.config.dtype == "tf32"
+        if tf32 and self.device.type != "cuda":
+            raise FrameworkUnavailable("tf32 is a GPU's tensor-core math; a CPU has none")
+        if self.device.type == "cuda":
+            set_tf32(tf32)
+
+    def loss_of(self, images, labels):
+        """Forward and loss, under bfloat16 autocast for the bfloat16 dtype (backward then
+        follows the same precisions outside it, as autocast wants)."""
+        precision = (torch.autocast(self.device.type, dtype=torch.bfloat16)
+                     if self.config.dtype == "bfloat16" else contextlib.nullcontext())
+        with precision:
+            return F.cross_entropy(self.model(images), labels)
 
     @property
     def bucket_mb(self) -> float:
@@ -155,7 +213,7 @@ class TorchTrainer(Trainer):
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.device.type == "cuda" else "gloo"
+        return "nccl" if self.device.type == "cuda" and not self.ranks_per_gpu else "gloo"
 
     def _wrap_distributed(self, network):
         """Join the process group and wrap the network in this scheme's way (DDP here)."""
@@ -167,8 +225,13 @@ class TorchTrainer(Trainer):
         return nn.parallel.DistributedDataParallel(network, device_ids=device_ids,
                                                    bucket_cap_mb=self.bucket_mb)
 
+    @property
+    def pinned(self) -> bool:
+        """Batches copied to the GPU from page-locked memory (options.pinned, default true)."""
+        return self.device.type == "cuda" and bool(self.config.options.get("pinned", True))
+
     def _input_pipeline(self):
-        pin = self.device.type == "cuda"
+        pin = self.pinned
         if self.config.data == "synthetic":
             return synthetic_tensors(SyntheticBatches(
                 self.spec, self.config.batch_per_worker, self.dist.rank, self.dist.world_size,
@@ -225,7 +288,7 @@ class TorchTrainer(Trainer):
 
     def step(self):
         images, labels = self._to_device(*next(self.batches))
-        loss = F.cross_entropy(self.model(images), labels)
+        loss = self.loss_of(images, labels)
         self.optimizer.zero_grad(set_to_none=True)
         self.backward_and_aggregate(loss)
         self.optimizer.step()
@@ -240,7 +303,7 @@ class TorchTrainer(Trainer):
         # DDP decides at forward time whether backward will all-reduce, so the separated kind
         # runs forward and backward both inside no_sync.
         with contextlib.nullcontext() if overlapped else self.no_communication():
-            loss = F.cross_entropy(self.model(images), labels)
+            loss = self.loss_of(images, labels)
             timer.lap("forward")
             self.optimizer.zero_grad(set_to_none=True)
             if overlapped:
@@ -304,10 +367,14 @@ class TorchTrainer(Trainer):
         return super().device_name()
 
     def describe(self):
+        cuda = self.device.type == "cuda"
         return {"backend": self.backend if self.dist.distributed else "none",
                 "ddp_bucket_mb": self.bucket_mb if self.dist.distributed else None,
                 "layout": "NHWC" if self.channels_last else "NCHW",
-                "cudnn_benchmark": torch.backends.cudnn.benchmark}
+                "cudnn_benchmark": torch.backends.cudnn.benchmark if cuda else None,
+                "tf32": tf32_enabled() if cuda else None,
+                "autocast": "bfloat16" if self.config.dtype == "bfloat16" else None,
+                "pinned": self.pinned if cuda else None, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self):
         if dist.is_initialized():
@@ -328,7 +395,7 @@ class TorchTrainer(Trainer):
         during this call, so step() pays nothing."""
         images, labels = self._to_device(*next(self.batches))
         with self.no_communication():  # the forward too: DDP arms its all-reduce hooks in forward
-            loss = F.cross_entropy(self.model(images), labels)
+            loss = self.loss_of(images, labels)
             self.optimizer.zero_grad(set_to_none=True)
             ready = self.layer_ready_times(
                 loss, lambda param, hook: param.register_post_accumulate_grad_hook(hook))
@@ -426,7 +493,7 @@ class TorchTrainer(Trainer):
         hooks = [param.register_hook(hook_for(i)) for i, param in enumerate(params)]
         try:
             with self.no_communication():
-                loss = F.cross_entropy(self.model(images), labels)
+                loss = self.loss_of(images, labels)
                 self.optimizer.zero_grad(set_to_none=True)
                 self.sync()
                 start = time.perf_counter()

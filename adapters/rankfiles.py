@@ -7,18 +7,25 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from adapters.base import cpu_name
+from core.envs import PYTHON_OVERRIDE_VAR
 
 
 def environment(versions: dict) -> dict:
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpu": cpu_name(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
-            **versions}
+    """The facts every result carries: Python and its interpreter (`python_override` where the
+    user named it with --python instead of the framework's environment), the platform, the
+    CPU, NumPy, and the adapter's `versions`."""
+    override = os.environ.get(PYTHON_OVERRIDE_VAR)
+    return {"python": platform.python_version(), "python_executable": sys.executable,
+            **({"python_override": override} if override else {}),
+            "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+            "numpy": np.__version__, **versions}
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

@@ -38,6 +38,9 @@ class FrameworkInfo:
     # The container image (launchers/images.py IMAGES, docker/<image>.Dockerfile) holding
     # `env`; None: the framework runs in virtualenvs only.
     image: str | None = None
+    # What the interpreter that runs the framework must import (the backend's where there is
+    # one): checked, with the versions found, when a user names that interpreter (--python).
+    imports: tuple[str, ...] = ()
 
 
 FRAMEWORKS: dict[str, FrameworkInfo] = {
@@ -50,6 +53,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("ddp",),
         rendezvous="torch",
         image="pytorch",
+        imports=("torch",),
     ),
     "tf": FrameworkInfo(
         name="tf",
@@ -64,6 +68,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         image="tensorflow",
         server_modes=("ps", "ps-async"),
         servers_with_one_worker=False,
+        imports=("tensorflow",),
     ),
     "cntk": FrameworkInfo(
         name="cntk",
@@ -76,6 +81,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("mpi",),
         rendezvous="mpi",
         backend_env="cntk",
+        imports=("cntk",),
     ),
     "cntk-style": FrameworkInfo(
         name="cntk-style",
@@ -86,6 +92,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("allreduce",),
         rendezvous="torch",
         image="pytorch",
+        imports=("torch",),
     ),
     "caffe-mpi-style": FrameworkInfo(
         name="caffe-mpi-style",
@@ -96,6 +103,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("mpi",),
         rendezvous="mpi",
         image="pytorch",
+        imports=("torch", "mpi4py"),
     ),
     "horovod": FrameworkInfo(
         name="horovod",
@@ -108,6 +116,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         synchronous_modes=("gloo", "mpi"),
         rendezvous="horovod",
         image="pytorch",
+        imports=("horovod.torch",),
     ),
     "mxnet": FrameworkInfo(
         name="mxnet",
@@ -121,6 +130,19 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {
         rendezvous="dmlc",
         image="mxnet",
         server_modes=("dist_sync", "dist_device_sync"),
+        imports=("mxnet",),
+    ),
+    "jax": FrameworkInfo(
+        name="jax",
+        label="JAX",
+        module="adapters.jax",
+        env="jax",
+        # jax.distributed over processes, gradients averaged by lax.pmean in shard_map: one
+        # all-reduce of the whole gradient after backward (gloo on CPUs, NCCL on GPUs)
+        modes=("allreduce",),
+        synchronous_modes=("allreduce",),
+        rendezvous="torch",  # the env:// variables: JAX's coordinator on MASTER_ADDR:MASTER_PORT
+        imports=("jax",),
     ),
 }
 

@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 from adapters.base import DistInfo, FrameworkUnavailable, RunConfig  # noqa: E402
 from adapters.calibration import run_calibration  # noqa: E402
 from adapters.data import rank_batch_start, synthetic_batch  # noqa: E402
+from adapters.machine import interval, machine_fields, sample  # noqa: E402
 from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic  # noqa: E402
 from adapters.registry import framework_info, load_trainer  # noqa: E402
 from analysis.perfmodel import split_backward_by_flops  # noqa: E402
@@ -338,10 +339,12 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
         iter_time_std=float(np.std(repeat_times)),
         throughput=config.global_batch / median,
         throughput_per_worker=config.batch_per_worker / median,
-        profile_iter_time=sum(phases[p] for p in PHASES),
+        profile_iter_time=phases["iteration_overlapped"],  # communication the framework's own way
         overlap=overlap_fraction(phases["backward"], phases["comm"], phases["backward_comm"]),
         loss_first=first["timings"]["losses"][0], loss_last=first["timings"]["losses"][-1],
         git_revision=config.git_revision, status="ok",
+        **machine_fields([r["machine"] for r in results if r.get("machine")], config.threads_per_worker,
+                         config.device),
     )
     record["phases"] = [phase_entry(p, phases[p]) for p in PHASES]
     record["env"] = environment(first["versions"])
@@ -366,6 +369,9 @@ def main(argv: list[str]) -> int:
     spec = get_model(config.model)
     try:
         trainer_class = load_trainer(config.framework, config.mode).for_run(config)
+        if config.dtype not in trainer_class.DTYPES:
+            raise FrameworkUnavailable(f"{config.framework} runs {', '.join(trainer_class.DTYPES)}, "
+                                       f"not {config.dtype}")
         trainer = trainer_class(spec, config, dist)
     except FrameworkUnavailable as error:
         print(f"unavailable: {error}", file=sys.stderr)
@@ -383,11 +389,14 @@ def main(argv: list[str]) -> int:
         total = config.warmup + config.iterations * config.repeats + 2 * config.profile_iterations
         progress = Progress(config.rank_dir, dist.rank, total)
         profile = ProfileRounds(trainer, config, progress)
+        before = sample()
         timings = timed_loops(trainer, config, dist.rank, progress, after_repeat=profile.share)
+        machine = interval(before, sample())
         rank_dir = Path(config.rank_dir)
         write_json_atomic(rank_dir / f"rank{dist.rank}.json",
                           {**rank_result(config, trainer, timings, profile.medians()),
                            **model_inputs(trainer, config), "profile_samples": profile.separate,
+                           "machine": machine,
                            "profile_rounds": profile.rounds})
         trainer.barrier()
         if dist.rank == 0:

@@ -3,10 +3,16 @@
 Each function takes the runs frame of `ResultStore.runs_frame()` and a campaign folder,
 writes one PNG (dpi 120) under ``<out_dir>/figures/`` and returns its path, or None when the
 frame holds nothing it could plot (empty, only failed runs, no profile phases ...), so that
-a report can be built from whatever a campaign has so far.  A figure has one panel per
-model, device and per-worker batch; panel titles name the model and device.  A series is a
-framework label (plus its mode where the label does not already say it), with the same
-colour in every figure.
+a report can be built from whatever a campaign has so far.  Beside each PNG,
+``<name>.json`` lists the series drawn (name, colour, points): what a reader or a test can
+check without decoding pixels.
+
+A figure has one panel per model, device and per-worker batch (and, for the throughput bars,
+per topology).  A topology is always (nodes, workers per node), written ``1×2``: runs of
+different topologies are never averaged together, and 1 node × 2 workers and 2 nodes × 1
+worker are separate series.  Every scheme has the one colour `analysis.palette` gives it, in
+every figure of every campaign; schemes are listed as horizontal bars, so that nine of them
+stay readable.
 """
 
 from __future__ import annotations
@@ -26,39 +32,66 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from analysis import tables  # noqa: E402
+from analysis.palette import scheme_colour  # noqa: E402
 from analysis.units import UnitError, parse_bandwidth  # noqa: E402
 
 DPI = 120
 PANEL_SIZE = (6.4, 4.4)
 FACET_KEYS = ["model", "device", "batch_per_worker"]
-FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_spread", "prediction", "timeline")
+FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_spread", "prediction", "timeline",
+                "layers")
 # Drawn only for campaigns that have what they show: `bandwidth` needs multi-node runs on
 # emulated links (--cluster emulated --bandwidth); every other figure any campaign with a
 # successful profiled run has.
 OPTIONAL_FIGURES = frozenset({"bandwidth"})
 TIMELINE_PANELS = 4
+BAR_HEIGHT_IN = 0.34  # inches per horizontal bar
+MAX_LAYER_LABELS = 40  # layer names written under the per-layer figure's axis, at most
+VISIBLE_SHARE = 0.003  # a phase below this share of the longest stack everywhere is not in the legend
+PHASE_COLOURS = dict(zip(("io", "h2d", "forward", "backward", "comm", "update"), sns.color_palette("Set2", 6)))
+# Legends sit right of their panel, so that nine schemes never cover the data.
+OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
+# Line style and marker per node count in the scaling figure: one node solid, several dashed.
+NODE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
 
 
 # --------------------------------------------------------------------------- helpers
 
-def series_name(label, mode) -> str:
-    """How a series is named in legends: the label, plus the mode unless the label says it."""
-    label = "" if tables._missing(label) else str(label)
-    if tables._missing(mode) or not str(mode) or str(mode).lower() in label.lower():
-        return label or "?"
-    return f"{label} ({mode})" if label else str(mode)
+series_name = tables.series_name
 
 
 def _with_series(table: pd.DataFrame) -> pd.DataFrame:
-    return table.assign(series=[series_name(lb, m) for lb, m in zip(table["framework_label"], table["mode"])])
+    """The table with ``series`` (legend name), ``colour`` (the scheme's fixed colour) and
+    ``topology`` ('1×2') columns."""
+    table = table.copy()
+    if "workers_per_node" not in table.columns:
+        table["workers_per_node"] = pd.to_numeric(table["world_size"]) // pd.to_numeric(table["nodes"]).fillna(1)
+    return table.assign(
+        series=[series_name(lb, m) for lb, m in zip(table["framework_label"], table["mode"])],
+        colour=[scheme_colour(f, m) for f, m in zip(table["framework"], table["mode"])],
+        topology=[tables.topology_short(n, w) for n, w in zip(table["nodes"], table["workers_per_node"])])
 
 
-def _palette(names) -> dict[str, tuple]:
-    """Stable colours: the same series gets the same colour in every figure of a campaign."""
-    names = sorted(set(names))
-    return dict(zip(names, sns.color_palette("colorblind", max(len(names), 1))))
+def _colours(table: pd.DataFrame) -> dict[str, str]:
+    """series -> colour of a table made by `_with_series`."""
+    return dict(zip(table["series"], table["colour"]))
+
+
+def _topology_order(table: pd.DataFrame) -> list[str]:
+    """Topologies as (nodes, workers per node) in numeric order: 1×1, 1×2, 1×4, 2×1, 2×2."""
+    pairs = {(int(n) if not tables._missing(n) else 1, int(w) if not tables._missing(w) else 0)
+             for n, w in zip(table["nodes"], table["workers_per_node"])}
+    return [tables.topology_short(n, w) for n, w in sorted(pairs)]
+
+
+def topology_words(topology: str) -> str:
+    """'1×2' -> '1 node × 2 workers'."""
+    nodes, _, workers = topology.partition("×")
+    return (f"{nodes} node{'' if nodes == '1' else 's'} × "
+            f"{workers} worker{'' if workers == '1' else 's'}")
 
 
 def _facets(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -73,26 +106,35 @@ def _facets(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return panels
 
 
-def _figure(n_panels: int):
-    """A figure with one axes per panel, at most two per row."""
-    cols = min(n_panels, 2)
+def _figure(n_panels: int, cols: int = 2, panel_size: tuple[float, float] = PANEL_SIZE):
+    """A figure with one axes per panel, at most `cols` per row."""
+    cols = max(1, min(n_panels, cols))
     rows = math.ceil(n_panels / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows), squeeze=False,
+                             layout="constrained")
     flat = list(axes.flat)
     for ax in flat[n_panels:]:
         ax.set_visible(False)
     return fig, flat[:n_panels]
 
 
-def _save(fig, out_dir: str | Path, name: str, title: str) -> Path:
+def _save(fig, out_dir: str | Path, name: str, title: str, series: list[dict] | None = None) -> Path:
+    """Write the PNG and its ``.json`` list of series; return the PNG's path."""
     folder = Path(out_dir) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
     fig.suptitle(title, fontsize=13, fontweight="bold")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI, facecolor="white")  # tight_layout above: one draw, not two
+    fig.savefig(path, dpi=DPI, facecolor="white")  # constrained layout: laid out in this one draw
     plt.close(fig)
+    (folder / f"{name}.json").write_text(json.dumps({"series": series or []}, default=float, indent=1),
+                                         encoding="utf-8")
     return path
+
+
+def _series_entry(name: str, colour, points) -> dict:
+    """One drawn series for the sidecar: name, '#rrggbb' colour, [[x, y], ...]."""
+    return {"name": name, "colour": matplotlib.colors.to_hex(colour),
+            "points": [[x, None if tables._missing(y) else float(y)] for x, y in points]}
 
 
 def _wrap(text: str, width: int = 16) -> str:
@@ -103,92 +145,141 @@ def _workers(value) -> str:
     return "?" if tables._missing(value) else str(int(value))
 
 
+def _scheme_legend(ax, colours: dict[str, str], **kwargs):
+    """A legend with one colour patch per scheme."""
+    handles = [Line2D([], [], color=c, linewidth=6, label=n) for n, c in colours.items()]
+    return ax.legend(handles=handles, **kwargs)
+
+
 # --------------------------------------------------------------------------- figures
 
 def throughput_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
-    """Images/s per framework side by side, one bar per world size (hue), a panel per model."""
+    """Images/s as horizontal bars, one per scheme (fastest on top, in its colour), one panel
+    per model and topology; the panels of a model share their x axis."""
     table = tables.throughput_table(frame)
     table = table[table["images_per_s"].notna()] if len(table) else table
     if table.empty:
         return None
-    table = _with_series(table).assign(workers=lambda t: [_workers(w) for w in t["world_size"]])
-    hue_order = sorted(table["workers"].unique(), key=lambda w: (w == "?", int(w) if w != "?" else 0))
-    colors = dict(zip(hue_order, sns.color_palette("crest", len(hue_order))))
-    panels = _facets(table)
-    fig, axes = _figure(len(panels))
-    for ax, (title, rows) in zip(axes, panels):
-        order = sorted(rows["series"].unique())
-        sns.barplot(data=rows, x="series", y="images_per_s", hue="workers", order=order,
-                    hue_order=[w for w in hue_order if w in set(rows["workers"])], palette=colors,
-                    errorbar=None, ax=ax)
-        for container in ax.containers:
-            ax.bar_label(container, fmt="%.0f", fontsize=8, padding=2)
-        ax.set_xticks(range(len(order)), [_wrap(s) for s in order])
-        ax.set(title=title, xlabel="", ylabel="images / s (all workers)")
-        ax.legend(title="workers", fontsize=9)
-        ax.margins(y=0.12)
-    return _save(fig, out_dir, "throughput", "Training throughput (higher is better)")
+    table = _with_series(table)
+    panels = []  # (facet index, title, rows)
+    for index, (title, rows) in enumerate(_facets(table)):
+        for topology in _topology_order(rows):
+            panels.append((index, f"{title}\n{topology_words(topology)}", rows[rows["topology"] == topology]))
+    cols = min(3, len(panels))
+    most = max(len(rows) for _, _, rows in panels)
+    fig, axes = _figure(len(panels), cols, (5.0, max(2.4, 1.2 + BAR_HEIGHT_IN * most)))
+    limits = {index: float(rows["images_per_s"].max()) for index, _, rows in panels}
+    for index, _, rows in panels:
+        limits[index] = max(limits[index], float(rows["images_per_s"].max()))
+    drawn = []
+    for ax, (index, title, rows) in zip(axes, panels):
+        rows = rows.sort_values("images_per_s", ascending=True)
+        y = range(len(rows))
+        bars = ax.barh(list(y), rows["images_per_s"], color=rows["colour"], height=0.7)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+        ax.set_yticks(list(y), [_wrap(s, 22) for s in rows["series"]], fontsize=8)
+        ax.set(title=title, xlabel="images / s (all workers)", xlim=(0, limits[index] * 1.18))
+        ax.title.set_fontsize(10)
+        ax.grid(axis="x", alpha=0.3)
+        drawn += [_series_entry(f"{r['series']} · {r['topology']}", r["colour"], [[r["topology"], r["images_per_s"]]])
+                  for _, r in rows.iterrows()]
+    return _save(fig, out_dir, "throughput", "Training throughput (higher is better)", drawn)
 
 
 def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
-    """Stacked per-phase seconds per framework and world size (profile mode).
-
-    A black bar marks the measured profile iteration time: where it is below the stack,
-    that much communication was hidden behind backward.
-    """
+    """Per scheme and topology, the profile's phases stacked (milliseconds, communication run
+    after backward), the overlapped profile iteration as a black tick on the stack, and just
+    below it a grey bar: the throughput-mode iteration, the time the other figures use."""
     table = tables.phase_table(frame)
-    phase_cols = [c for c in table.columns if c.endswith("_s") and not c.endswith("_pred_s")
-                  and c not in ("phase_sum_s", "profile_iter_s", "predicted_iter_s")]
+    phase_cols = [c for c in table.columns if c.endswith("_ms") and not c.endswith("_pred_ms")
+                  and c not in ("phase_sum_ms", "profile_iter_ms", "predicted_iter_ms", "iter_ms")]
     if table.empty or not phase_cols:
         return None
+    # a phase too short to see anywhere (h2d on a CPU, comm with one worker) stays out of the legend
+    largest = pd.to_numeric(table["phase_sum_ms"], errors="coerce").max()
+    visible = {c for c in phase_cols
+               if pd.to_numeric(table[c], errors="coerce").fillna(0).abs().max() > VISIBLE_SHARE * largest}
     table = _with_series(table)
-    names = [c[: -len("_s")] for c in phase_cols]
-    colors = dict(zip(names, sns.color_palette("Set2", len(names))))
     panels = _facets(table)
-    fig, axes = _figure(len(panels))
+    most = max(len(rows) for _, rows in panels)
+    fig, axes = _figure(len(panels), 1, (11.0, 1.6 + 0.5 * most))
     for ax, (title, rows) in zip(axes, panels):
-        rows = rows.sort_values(["series", "world_size"])
-        labels = [f"{_wrap(s, 14)}\nN={_workers(w)}" for s, w in zip(rows["series"], rows["world_size"])]
-        x = range(len(rows))
-        bottom = pd.Series(0.0, index=rows.index)
-        for column, name in zip(phase_cols, names):
-            values = pd.to_numeric(rows[column], errors="coerce").fillna(0.0).astype(float) * 1e3
-            ax.bar(x, values, bottom=bottom, color=colors[name], label=name, width=0.7)
-            bottom = bottom + values
-        profile = pd.to_numeric(rows["profile_iter_s"], errors="coerce").astype(float) * 1e3
+        order = {t: i for i, t in enumerate(_topology_order(rows))}
+        rows = rows.assign(_t=[order[t] for t in rows["topology"]]).sort_values(["_t", "series"], ascending=False)
+        y = list(range(len(rows)))
+        left = pd.Series(0.0, index=rows.index)
+        for column in phase_cols:
+            name = column[: -len("_ms")]
+            values = pd.to_numeric(rows[column], errors="coerce").fillna(0.0).astype(float)
+            ax.barh(y, values, left=left, color=PHASE_COLOURS.get(name, "#999999"), height=0.5,
+                    label=name if column in visible else "_nolegend_")
+            left = left + values
+        below = [v - 0.36 for v in y]
+        ax.barh(below, pd.to_numeric(rows["iter_ms"], errors="coerce"), height=0.16, color="#4d4d4d",
+                label="iteration, throughput mode")
+        profile = pd.to_numeric(rows["profile_iter_ms"], errors="coerce")
         if profile.notna().any():
-            ax.scatter(x, profile, marker="_", s=900, linewidths=2.5, color="black", zorder=3,
-                       label="iteration (profile)")
-        ax.set_xticks(list(x), labels, fontsize=8, rotation=90 if len(rows) > 8 else 0)
-        ax.set(title=title, xlabel="", ylabel="milliseconds per iteration")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        ax.margins(y=0.1)
-    return _save(fig, out_dir, "phases", "Where an iteration's time goes (profile mode)")
+            ax.scatter(profile, y, marker="|", s=420, linewidths=2.5, color="black", zorder=3,
+                       label="iteration, profile (overlapped)")
+        labels = [f"{s}  ·  {t}" for s, t in zip(rows["series"], rows["topology"])]
+        ax.set_yticks(y, labels, fontsize=8)
+        for tick, colour in zip(ax.get_yticklabels(), rows["colour"]):
+            tick.set_color(colour)
+        ax.set(title=title, xlabel="milliseconds per iteration", ylim=(-0.7, len(rows) - 0.4))
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, **OUTSIDE)
+    drawn = [_series_entry(f"{r['series']} · {r['topology']}", r["colour"],
+                           [[c[: -len("_ms")], r[c]] for c in phase_cols] + [["iteration", r["iter_ms"]]])
+             for _, r in table.iterrows()]
+    return _save(fig, out_dir, "phases", "Where an iteration's time goes (profile mode) and the iteration itself",
+                 drawn)
 
 
 def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
-    """Speedup against workers, one line per framework/mode, ideal linear scaling dashed."""
+    """Speedup against the number of workers: one line per scheme (its colour) and node count
+    (solid: one node, dashed and other markers: several), so 1 node × 2 workers and 2 nodes ×
+    1 worker are two points on two lines; ideal linear scaling dashed grey."""
     table = tables.scaling_table(frame)
     table = table[table["speedup"].notna()] if len(table) else table
     if table.empty:
         return None
     table = _with_series(table)
-    colors = _palette(table["series"])
+    colours = _colours(table)
+    node_counts = sorted({int(n) for n in table["nodes"]})
+    styles = {n: NODE_STYLES[min(i, len(NODE_STYLES) - 1)] for i, n in enumerate(node_counts)}
     panels = _facets(table)
     fig, axes = _figure(len(panels))
+    drawn = []
     for ax, (title, rows) in zip(axes, panels):
         workers = sorted(int(w) for w in rows["world_size"].dropna().unique())
         top = max(workers + [2])
-        ax.plot([1, top], [1, top], linestyle="--", color="grey", linewidth=1.2, label="ideal (S = N)")
-        for name, line in rows.sort_values("world_size").groupby("series", sort=True):
-            ax.plot(line["world_size"].astype(float), line["speedup"].astype(float), marker="o",
-                    color=colors[name], linewidth=2, label=name)
+        ceiling = 1.5 * top  # a wildly superlinear point (a slow baseline) must not flatten the rest
+        ax.plot([1, top], [1, top], linestyle="--", color="grey", linewidth=1.2)
+        for (name, nodes), line in rows.sort_values("world_size").groupby(["series", "nodes"], sort=True):
+            style, marker = styles[int(nodes)]
+            speedup = line["speedup"].astype(float)
+            ax.plot(line["world_size"].astype(float), speedup.clip(upper=ceiling), marker=marker,
+                    linestyle=style, color=colours[name], linewidth=2, markersize=7)
+            for world, value in zip(line["world_size"], speedup):
+                if value > ceiling:
+                    ax.annotate(f"S = {value:.1f} ↑", (float(world), ceiling), textcoords="offset points",
+                                xytext=(6, -12), fontsize=8, color=colours[name])
+            drawn.append(_series_entry(f"{name} · {int(nodes)} node{'' if int(nodes) == 1 else 's'}", colours[name],
+                                       [[int(w), s] for w, s in zip(line["world_size"], line["speedup"])]))
         ax.set_xticks(sorted(set(workers) | {1}))
-        ax.set(title=title, xlabel="workers N", ylabel="speedup S(N) = N·t(1) / t(N)",
-               xlim=(0.8, top + 0.2), ylim=(0, top + 0.3))
+        ax.set(title=title, xlabel="workers N (all nodes)", ylabel="speedup S(N) = N·t(1) / t(N)",
+               xlim=(0.8, top + 0.2), ylim=(0, max(top + 0.3, min(ceiling, rows["speedup"].max()) * 1.05)))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=9)
-    return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)")
+        nodes_here = sorted({int(n) for n in rows["nodes"]})
+        topology = ax.legend(handles=[Line2D([], [], color="black", linestyle=styles[n][0], marker=styles[n][1],
+                                             label=f"{n} node{'' if n == 1 else 's'}") for n in nodes_here]
+                             + [Line2D([], [], color="grey", linestyle="--", label="ideal (S = N)")],
+                             fontsize=8, title="topology", title_fontsize=8, loc="lower left",
+                             bbox_to_anchor=(1.01, 0.0), frameon=False)
+        ax.add_artist(topology)
+        _scheme_legend(ax, {n: colours[n] for n in sorted(rows["series"].unique())}, fontsize=8,
+                       title="scheme", title_fontsize=8, **OUTSIDE)
+    return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)", drawn)
 
 
 def _bandwidth_gbit(text) -> float:
@@ -204,7 +295,7 @@ def _bandwidth_gbit(text) -> float:
 def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     """Efficiency against the emulated link's bandwidth, one colour per scheme: measured
     (solid, filled) and the performance model's prediction (dashed, hollow) from the same
-    one-worker baseline; one panel per model, device, batch and node count x workers."""
+    one-worker baseline; one panel per model, device, batch and nodes × workers per node."""
     table = tables.configs_with_speedup(frame)
     if table.empty or "bandwidth" not in table.columns:
         return None
@@ -218,56 +309,63 @@ def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     table = table.merge(predicted, on=tables.CONFIG_KEYS, how="left")
     table = table.assign(pred_efficiency=table["baseline_iter_ms"] / table["pred"])
     table = _with_series(table)
-    colors = _palette(table["series"])
+    colours = _colours(table)
     panels = []
     for title, rows in _facets(table):
-        for (nodes, world), sub in rows.groupby(["nodes", "world_size"], sort=True):
-            panels.append((f"{title}, {int(nodes)} nodes x {int(world) // max(int(nodes), 1)}", sub))
+        for topology in _topology_order(rows):
+            panels.append((f"{title}, {topology_words(topology)}", rows[rows["topology"] == topology]))
     fig, axes = _figure(len(panels))
+    drawn = []
     for ax, (title, rows) in zip(axes, panels):
         for name, line in rows.sort_values("gbit").groupby("series", sort=True):
             x = line["gbit"].astype(float)
-            ax.plot(x, line["efficiency"].astype(float), marker="o", color=colors[name], linewidth=2,
+            ax.plot(x, line["efficiency"].astype(float), marker="o", color=colours[name], linewidth=2,
                     label=f"{name} measured")
+            drawn.append(_series_entry(f"{name} · {line['topology'].iloc[0]} measured", colours[name],
+                                       zip(x, line["efficiency"])))
             if line["pred_efficiency"].notna().any():
                 ax.plot(x, line["pred_efficiency"].astype(float), marker="o", markerfacecolor="white",
-                        linestyle="--", color=colors[name], linewidth=1.5, label=f"{name} predicted")
+                        linestyle="--", color=colours[name], linewidth=1.5, label=f"{name} predicted")
         ax.set_xscale("log")
         ax.set(title=title, xlabel="link bandwidth (Gbit/s, emulated)", ylabel="efficiency E = S / N",
                ylim=(0, max(1.05, float(rows[["efficiency", "pred_efficiency"]].max().max()) * 1.05)))
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted")
+        ax.legend(fontsize=8, **OUTSIDE)
+    return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted", drawn)
 
 
 def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
-    """Median iteration time as a point with p10-p90 error bars, per framework and world size."""
+    """Median iteration time as a point with p10-p90 error bars, per scheme (its colour), at
+    each topology."""
     table = tables.throughput_table(frame)
     table = table[table["iter_ms_median"].notna()] if len(table) else table
     if table.empty:
         return None
     table = _with_series(table)
-    colors = _palette(table["series"])
+    colours = _colours(table)
     panels = _facets(table)
     fig, axes = _figure(len(panels))
+    drawn = []
     for ax, (title, rows) in zip(axes, panels):
-        workers = sorted({_workers(w) for w in rows["world_size"]}, key=lambda w: (w == "?", len(w), w))
-        position = {w: i for i, w in enumerate(workers)}
+        topologies = _topology_order(rows)
+        position = {t: i for i, t in enumerate(topologies)}
         names = sorted(rows["series"].unique())
-        width = 0.6 / max(len(names), 1)
+        width = 0.7 / max(len(names), 1)
         for k, name in enumerate(names):
             line = rows[rows["series"] == name]
-            x = [position[_workers(w)] - 0.3 + width * (k + 0.5) for w in line["world_size"]]
+            x = [position[t] - 0.35 + width * (k + 0.5) for t in line["topology"]]
             median = line["iter_ms_median"].astype(float)
             low = (median - line["iter_ms_p10"].astype(float)).clip(lower=0).fillna(0)
             high = (line["iter_ms_p90"].astype(float) - median).clip(lower=0).fillna(0)
-            ax.errorbar(x, median, yerr=[low, high], fmt="o", capsize=5, markersize=7,
-                        color=colors[name], label=name)
-        ax.set_xticks(range(len(workers)), workers)
-        ax.set(title=title, xlabel="workers N", ylabel="iteration time (ms): median, p10–p90")
+            ax.errorbar(x, median, yerr=[low, high], fmt="o", capsize=4, markersize=6,
+                        color=colours[name], label=name)
+            drawn.append(_series_entry(name, colours[name], zip(line["topology"], median)))
+        ax.set_xticks(range(len(topologies)), [topology_words(t).replace(" × ", "\n× ") for t in topologies],
+                      fontsize=8)
+        ax.set(title=title, xlabel="", ylabel="iteration time (ms): median, p10–p90")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=9)
-    return _save(fig, out_dir, "iteration_spread", "Iteration time and its spread (lower is better)")
+        ax.legend(fontsize=8, **OUTSIDE)
+    return _save(fig, out_dir, "iteration_spread", "Iteration time and its spread (lower is better)", drawn)
 
 
 def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
@@ -283,55 +381,47 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     # one point per configuration (median over repeated runs)
     ok = (ok.groupby(tables.CONFIG_KEYS, dropna=False, sort=True)[["measured", "predicted"]].median().reset_index())
     ok = _with_series(ok)
-    colors = _palette(ok["series"])
+    colours = _colours(ok)
     panels = _facets(ok)
     fig, axes = _figure(len(panels))
+    drawn = []
     for ax, (title, rows) in zip(axes, panels):
         top = float(max(rows["predicted"].max(), rows["measured"].max())) * 1.1
         ax.fill_between([0, top], [0, top * 0.85], [0, top * 1.15], color="grey", alpha=0.12, label="±15 %")
         ax.plot([0, top], [0, top], linestyle="--", color="grey", linewidth=1.2, label="exact")
         for name, points in rows.groupby("series", sort=True):
-            ax.scatter(points["measured"], points["predicted"], color=colors[name], s=50, label=name)
+            ax.scatter(points["measured"], points["predicted"], color=colours[name], s=50, label=name)
+            drawn.append(_series_entry(name, colours[name], zip(points["measured"], points["predicted"])))
             if len(rows) <= 16:  # beyond that the labels would overlap (and cost their layout)
                 for _, p in points.iterrows():
-                    ax.annotate(f"N={_workers(p['world_size'])}", (p["measured"], p["predicted"]),
+                    ax.annotate(p["topology"], (p["measured"], p["predicted"]),
                                 textcoords="offset points", xytext=(5, -10), fontsize=8)
         ax.set(title=title, xlabel="measured iteration time (ms)", ylabel="predicted iteration time (ms)",
                xlim=(0, top), ylim=(0, top))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=9)
-    return _save(fig, out_dir, "prediction", "Performance model: predicted vs measured")
-
-
-def _json_list(value) -> list:
-    if isinstance(value, list):
-        return value
-    if tables._missing(value) or not str(value).strip():
-        return []
-    try:
-        decoded = json.loads(value)
-    except ValueError:
-        return []
-    return decoded if isinstance(decoded, list) else []
+        ax.legend(fontsize=8, **OUTSIDE)
+    return _save(fig, out_dir, "prediction", "Performance model: predicted vs measured (labels: nodes × workers)",
+                 drawn)
 
 
 def timeline_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """The runs the overlap timeline shows: successful multi-worker runs with a predicted
-    schedule, of the model with most such runs, at its largest world size, one per series
-    (framework and mode), at most `TIMELINE_PANELS`."""
+    schedule, of the model with most such runs, at its largest topology (most workers, then
+    most nodes), one per series (framework and mode), at most `TIMELINE_PANELS`."""
     ok = tables.ok_runs(tables.prepare(frame))
     column = "extra_prediction_timeline_transfers"
     if ok.empty or column not in ok.columns:
         return ok.iloc[0:0]
     world = pd.to_numeric(ok["world_size"], errors="coerce")
-    has_schedule = pd.Series([bool(_json_list(v)) for v in ok[column]], index=ok.index)
+    has_schedule = pd.Series([bool(tables.json_list(v)) for v in ok[column]], index=ok.index)
     ok = ok[(world > 1) & has_schedule]
     if ok.empty:
         return ok
     model = ok["model"].value_counts().index[0]
-    ok = ok[ok["model"] == model]
-    ok = ok[pd.to_numeric(ok["world_size"], errors="coerce") == pd.to_numeric(ok["world_size"], errors="coerce").max()]
-    ok = _with_series(ok).sort_values(["series", "started_at"] if "started_at" in ok.columns else ["series"])
+    ok = _with_series(ok[ok["model"] == model])
+    size = [(float(w), float(n)) for w, n in zip(ok["world_size"], ok["nodes"])]
+    ok = ok[[s == max(size) for s in size]]
+    ok = ok.sort_values(["series", "started_at"] if "started_at" in ok.columns else ["series"])
     return ok.groupby("series", sort=True).head(1).head(TIMELINE_PANELS)
 
 
@@ -343,23 +433,24 @@ def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     runs = timeline_runs(frame)
     if runs.empty:
         return None
-    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.3 * len(runs) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 2.1 * len(runs) + 0.7), squeeze=False, layout="constrained")
     layer_colors = sns.color_palette("Blues", 6)[2:]
     transfer_colors = sns.color_palette("Oranges", 6)[2:]
+    drawn = []
     for ax, (_, run) in zip(axes[:, 0], runs.iterrows()):
-        layers = _json_list(run.get("extra_prediction_timeline_layers"))
-        transfers = _json_list(run.get("extra_prediction_timeline_transfers"))
+        layers = tables.json_list(run.get("extra_prediction_timeline_layers"))
+        transfers = tables.json_list(run.get("extra_prediction_timeline_transfers"))
         start = float(run.get("extra_prediction_timeline_backward_start") or 0.0) * 1e3
         end = float(run.get("extra_prediction_timeline_iteration_end") or 0.0) * 1e3
         update = float(run.get("phase_update_pred_s") or 0.0) * 1e3
         ax.broken_barh([(0, start)], (2.1, 0.8), facecolors="#b8b8b8")
-        ax.text(start / 2, 2.5, "I/O + forward", ha="center", va="center", fontsize=8)
+        ax.text(start / 2, 2.5, "I/O + forward", ha="center", va="center", fontsize=10)
         if layers:  # one call per row: hundreds of bars stay cheap to draw
             ax.broken_barh([(t0 * 1e3, (t1 - t0) * 1e3) for _, t0, t1 in layers], (2.1, 0.8),
                            facecolors=[layer_colors[k % len(layer_colors)] for k in range(len(layers))])
         for name, t0, t1 in sorted(layers, key=lambda item: item[2] - item[1], reverse=True)[:4]:
-            if (t1 - t0) * 1e3 > 0.04 * max(end, 1e-9):
-                ax.text((t0 + t1) / 2 * 1e3, 2.5, str(name), ha="center", va="center", fontsize=7)
+            if (t1 - t0) * 1e3 > 0.05 * max(end, 1e-9):
+                ax.text((t0 + t1) / 2 * 1e3, 2.5, str(name), ha="center", va="center", fontsize=9)
         if transfers:
             ax.broken_barh([(t0 * 1e3, max((t1 - t0) * 1e3, end * 0.002)) for t0, t1, _, _ in transfers], (1.1, 0.8),
                            facecolors=[transfer_colors[k % len(transfer_colors)] for k in range(len(transfers))])
@@ -368,18 +459,54 @@ def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         measured = run.get("iter_time_median")
         if not tables._missing(measured):
             ax.axvline(float(measured) * 1e3, color="black", linestyle="--", linewidth=1.2)
-            ax.text(float(measured) * 1e3, 3.05, " measured", fontsize=8, va="bottom")
-        ax.set_yticks([1.5, 2.5], ["transfers", "compute"])
+            ax.text(float(measured) * 1e3, 3.05, " measured", fontsize=9, va="bottom")
+        ax.set_yticks([1.5, 2.5], ["transfers", "compute"], fontsize=10)
         ax.set_ylim(0.9, 3.4)
         ax.set_xlim(0, max(end, float(measured or 0) * 1e3) * 1.03)
         scheme = run.get("extra_prediction_scheme_name") or ""
-        ax.set_title(f"{run['series']} — {run['model']}, {_workers(run['world_size'])} workers: {scheme} "
+        ax.set_title(f"{run['series']} — {run['model']}, {topology_words(run['topology'])}: {scheme} "
                      f"({len(transfers)} transfer{'' if len(transfers) == 1 else 's'}, "
                      f"{100 * float(run.get('extra_prediction_hidden_fraction') or 0):.0f}% "
-                     "hidden)", fontsize=10, loc="left")
+                     "hidden)", fontsize=11, loc="left", color=run["colour"])
         ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("milliseconds from the start of the iteration (predicted)")
-    return _save(fig, out_dir, "timeline", "Overlap timeline of one iteration: backward per layer, transfers beneath")
+        drawn.append(_series_entry(f"{run['series']} · {run['topology']}", run["colour"],
+                                   [["iteration_end_ms", end], ["measured_ms", float(measured or 0) * 1e3]]))
+    axes[-1, 0].set_xlabel("milliseconds from the start of the iteration (predicted)", fontsize=10)
+    return _save(fig, out_dir, "timeline", "Overlap timeline of one iteration: backward per layer, transfers beneath",
+                 drawn)
+
+
+def layer_lines(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """Backward milliseconds per layer with parameters (backward order, left to right), one
+    panel per model: each scheme at its smallest topology (solid) and, where it ran more, at
+    its largest (dashed): compute slowed by workers sharing the machine shows as a gap."""
+    table = tables.layer_table(frame)
+    if table.empty:
+        return None
+    table = _with_series(table)
+    models = sorted(table["model"].unique())
+    most = max(table.groupby("model")["layer"].nunique())
+    fig, axes = _figure(len(models), 1, (max(9.0, 0.17 * most + 3), 4.8))
+    drawn = []
+    for ax, model in zip(axes, models):
+        rows = table[table["model"] == model]
+        layers = rows.drop_duplicates("layer").sort_values("order")["layer"].tolist()
+        position = {layer: i for i, layer in enumerate(layers)}
+        for name, scheme in rows.groupby("series", sort=True):
+            order = _topology_order(scheme)
+            for topology, style in ((order[0], "-"), (order[-1], "--")) if len(order) > 1 else ((order[0], "-"),):
+                line = scheme[scheme["topology"] == topology].sort_values("order")
+                ax.plot([position[x] for x in line["layer"]], line["backward_ms"], linestyle=style, marker=".",
+                        color=line["colour"].iloc[0], linewidth=1.6, label=f"{name} · {topology}")
+                drawn.append(_series_entry(f"{name} · {topology}", line["colour"].iloc[0],
+                                           zip(line["layer"], line["backward_ms"])))
+        every = math.ceil(len(layers) / MAX_LAYER_LABELS)  # the names of all are in the layers table
+        ax.set_xticks(range(0, len(layers), every), layers[::every], rotation=90, fontsize=7)
+        ax.set(title=f"{model}: backward per layer (first computed on the left)", ylabel="milliseconds",
+               xlim=(-0.5, len(layers) - 0.5))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, **OUTSIDE)
+    return _save(fig, out_dir, "layers", "Backward time per layer", drawn)
 
 
 FIGURES = {
@@ -390,6 +517,7 @@ FIGURES = {
     "iteration_spread": iteration_spread,
     "prediction": prediction_scatter,
     "timeline": overlap_timeline,
+    "layers": layer_lines,
 }
 
 

@@ -40,6 +40,12 @@ RUN_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("iterations", "INTEGER", "timed iterations per repeat"),
     ("repeats", "INTEGER", "timed repeats"),
     ("threads_per_worker", "INTEGER", "intra-op CPU threads per worker"),
+    ("cpu_cores", "INTEGER", "CPU cores a rank could run on (its affinity), the fewest over the run's machines"),
+    ("ranks_per_host", "INTEGER", "worker processes sharing one machine (emulated nodes share the host)"),
+    ("oversubscribed", "INTEGER", "1 on a CPU run whose ranks_per_host * threads_per_worker exceed cpu_cores"),
+    ("load_avg_start", "REAL", "the machine's 1-minute load average when the timed loops began"),
+    ("load_avg_end", "REAL", "the machine's 1-minute load average when the timed loops ended"),
+    ("other_load", "REAL", "cores kept busy during the timed loops by processes other than the run's ranks"),
     ("bandwidth", "TEXT", "emulated link bandwidth, if any"),
     ("latency", "TEXT", "emulated link latency, if any"),
     # measured (throughput mode: no synchronisation beyond the framework's own)
@@ -49,7 +55,8 @@ RUN_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("iter_time_std", "REAL", "standard deviation over repeats"),
     ("throughput", "REAL", "samples per second over all workers"),
     ("throughput_per_worker", "REAL", "samples per second per worker"),
-    ("profile_iter_time", "REAL", "seconds per iteration in profile mode (phases synchronised)"),
+    ("profile_iter_time", "REAL", "seconds per profile-mode iteration with communication run the framework's "
+                                  "own way (overlapped where it overlaps); the separated phases add up to more"),
     ("overlap", "REAL", "fraction of communication hidden behind backward, 0..1"),
     ("loss_first", "REAL", "loss at the first timed iteration"),
     ("loss_last", "REAL", "loss at the last timed iteration"),

@@ -35,7 +35,8 @@ if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pand
 
 import pandas as pd  # noqa: E402
 
-from analysis import figures, tables
+from analysis import figures, tables, verdict
+from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
 from analysis.store import CampaignBusy, CampaignLock, ResultStore, StoreError
 
@@ -44,32 +45,44 @@ ERROR_TAIL_LINES = 40
 
 FIGURE_TEXT: dict[str, tuple[str, str]] = {
     # name: (caption, alt text)
-    "throughput": ("Training throughput per framework; one bar per number of workers.",
-                   "Bar chart of images per second for each framework, bars grouped by number of workers, "
-                   "one panel per model and device."),
-    "phases": ("Milliseconds per iteration in each phase (profile mode); the black mark is the measured "
-               "iteration time, below the stack where communication overlapped backward.",
-               "Stacked bar chart of per-phase time (I/O, host-to-device, forward, backward, communication, "
-               "update) for each framework and number of workers."),
-    "scaling": ("Speedup against the number of workers; the dashed line is ideal linear scaling.",
-                "Line chart of speedup versus number of workers, one line per framework and mode, "
-                "with a dashed ideal line."),
+    "throughput": ("Training throughput: one panel per model and topology (nodes × workers per node), one bar per "
+                   "scheme, fastest on top.",
+                   "Horizontal bar charts of images per second, one bar per scheme in its fixed colour, one panel "
+                   "per model and topology."),
+    "phases": ("Milliseconds per iteration in each phase (profile mode, communication after backward); the black "
+               "tick is the profile iteration with communication run the framework's own way (left of the stack "
+               "end where communication overlapped backward); the grey bar below is the throughput-mode "
+               "iteration, the time every other figure and table uses.",
+               "Horizontal stacked bars of per-phase time for each scheme and topology, with a tick for the "
+               "overlapped profile iteration and a thin grey bar for the throughput-mode iteration time."),
+    "scaling": ("Speedup against the number of workers: one colour per scheme, one line style per node count "
+                "(solid: one node), so 1 node × 2 workers and 2 nodes × 1 worker are separate points; the dashed "
+                "grey line is ideal linear scaling.",
+                "Line chart of speedup versus number of workers, one colour per scheme and one line style per "
+                "node count, with a dashed ideal line."),
     "bandwidth": ("Efficiency against the emulated link bandwidth (--cluster emulated --bandwidth): measured "
-                  "(solid) and the performance model's prediction (dashed, hollow), per scheme.",
-                  "Line chart of efficiency versus link bandwidth on a log axis, one colour per framework "
-                  "and mode, measured as solid lines and predicted as dashed lines."),
-    "iteration_spread": ("Median iteration time with its 10th–90th percentile range.",
-                         "Dot plot of median iteration time with error bars from the 10th to the 90th "
-                         "percentile, per framework and number of workers."),
-    "prediction": ("Iteration time predicted by the performance model against the measured one; the shaded "
-                   "band is ±15 %.",
+                  "(solid) and the performance model's prediction (dashed, hollow), per scheme and topology.",
+                  "Line chart of efficiency versus link bandwidth on a log axis, one colour per scheme, measured "
+                  "as solid lines and predicted as dashed lines."),
+    "iteration_spread": ("Median iteration time with its 10th–90th percentile range over repeats, per scheme, at "
+                         "each topology.",
+                         "Dot plot of median iteration time with error bars from the 10th to the 90th percentile, "
+                         "per scheme, grouped by topology."),
+    "prediction": ("Iteration time predicted by the performance model against the measured one, labelled with the "
+                   "topology; the shaded band is ±15 %.",
                    "Scatter plot of predicted versus measured iteration time with a dashed diagonal."),
     "timeline": ("One iteration as the model schedules it, per scheme: forward, backward layer by layer (blue) "
                  "and the gradient transfers beneath it (orange), then the update (green); the dashed line is "
                  "the measured iteration time.",
-                 "Gantt chart per framework: a compute row with forward and per-layer backward bars, and a "
+                 "Gantt chart per scheme: a compute row with forward and per-layer backward bars, and a "
                  "transfers row below with the gradient messages scheduled during or after backward."),
+    "layers": ("Backward milliseconds per layer with parameters, in the order backward computes them: each scheme "
+               "at its smallest topology (solid) and its largest (dashed).",
+               "Line chart of backward time per layer, one colour per scheme, solid for the smallest and dashed "
+               "for the largest topology."),
 }
+# Figures that take the page's whole width (wide, with small print).
+WIDE_FIGURES = frozenset({"throughput", "phases", "timeline", "layers"})
 
 MODEL_TEXT = """
 <p>The model of one synchronous SGD iteration (Shi, Wang, Chu, DataCom 2018), in
@@ -95,21 +108,29 @@ time</strong> is the <strong>median</strong> over the repeats of the slowest wor
 iteration; <strong>p10–p90</strong> is the range between the 10th and 90th percentile of those
 repeats, so a narrow range means a stable measurement and a wide one a noisy machine.
 Throughput counts the images of all workers per second. Where a configuration ran more than
-once, the tables show the median over runs.</p>
+once, the tables show the median over runs. Times are in milliseconds throughout.</p>
+<p>A <strong>topology</strong> is nodes × workers per node: <code>1×2</code> is two workers on one
+node, <code>2×1</code> one worker on each of two nodes. They have the same number of workers but
+different links between them, so they are never averaged together.</p>
 <p>Scaling is <strong>weak scaling</strong>: every worker keeps the same batch, so N workers
 process N times as many images per iteration. The speedup S(N) = N · t(1) / t(N) compares a run
-with the same framework's one-worker run with the same per-worker batch; the efficiency
+with the same scheme's one-worker run with the same per-worker batch; the efficiency
 E = S(N) / N is 1 for perfect scaling. Where no one-worker run was measured the speedup is left
 blank (—), never extrapolated.</p>
 <p>The phase breakdown comes from a separate profile mode that synchronises the device around
 each phase; its iteration time is therefore a little longer than in throughput mode.
 <em>Overlap</em> is the fraction of communication hidden behind the backward pass.</p>
+<p>On a CPU, workers are processes sharing the machine's cores: each gets
+<em>threads per worker</em> = cores / workers on the machine, so two workers compute each
+iteration with half the threads one worker had. The Runs table shows, per run, the threads, the
+cores, whether the run was <em>oversubscribed</em> (more threads than cores), the load average and
+how many cores other processes kept busy while it ran.</p>
 <p>Rows labelled <strong>CNTK-style</strong> or <strong>Caffe-MPI-style</strong> are
 <strong>emulated schemes</strong>: the gradient aggregation of that framework (CNTK: one
 all-reduce of the whole gradient after backward, no overlap; Caffe-MPI: a per-layer MPI
 all-reduce from a communication thread while backward goes on) re-implemented over another
 framework's compute, not the original framework. Failed and timed-out runs are left out of
-every table and figure and listed under Failures.</p>
+every table and figure and listed under Failures. Click a figure to see it full size.</p>
 """
 
 CSS = """
@@ -133,8 +154,22 @@ h3 { margin: 1rem 0 .3rem; font-size: 1rem; }
 p.note { color: var(--muted); margin: .2rem 0 .8rem; }
 .figures { display: grid; grid-template-columns: repeat(auto-fit, minmax(600px, 1fr)); gap: 0 1.2rem; }
 figure { margin: .6rem 0 1rem; }
-figure img { max-width: 100%; height: auto; border: 1px solid var(--line); }
+figure.wide { grid-column: 1 / -1; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); display: block; }
 figcaption { color: var(--muted); font-size: .9rem; }
+figcaption .hint { font-size: .8rem; }
+.zoom { position: absolute; opacity: 0; width: 1px; height: 1px; }
+.zoom + label { display: block; cursor: zoom-in; }
+.zoom:focus-visible + label img { outline: 3px solid var(--accent); }
+.zoom:checked + label { position: fixed; inset: 0; z-index: 10; display: flex; overflow: auto; padding: 1rem;
+                        background: rgba(20, 24, 30, .88); cursor: zoom-out; }
+.zoom:checked + label img { max-width: none; width: auto; height: auto; margin: auto; background: #fff; }
+.verdict h3 { margin-top: 1.1rem; }
+p.headline { font-size: 1.05rem; margin: .2rem 0 .4rem; }
+.swatch { display: inline-block; width: .8em; height: .8em; border-radius: 2px; margin-right: .4em;
+          vertical-align: -.05em; }
+td.text { white-space: normal; min-width: 18rem; max-width: 46rem; }
+.flag { color: #a15c00; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: .85rem; margin: .4rem 0; }
 th, td { padding: .25rem .5rem; border-bottom: 1px solid var(--line); text-align: left; white-space: nowrap; }
@@ -177,11 +212,14 @@ DISPLAY_NAMES = {"framework_label": "framework", "batch_per_worker": "batch/work
                  "global_batch": "global batch", "images_per_s": "images/s",
                  "images_per_s_per_worker": "images/s/worker", "iter_ms_median": "iter ms median",
                  "iter_ms_p10_p90": "iter ms p10–p90", "spread_pct": "spread %",
-                 "error_last_line": "error (last line)"}
+                 "error_last_line": "error (last line)", "threads_per_worker": "threads/worker",
+                 "cpu_cores": "cores", "ranks_per_host": "ranks/machine", "load_avg_start": "load avg start",
+                 "load_avg_end": "load avg end", "other_load": "other busy cores", "duration_s": "wall s",
+                 "workers_per_node": "workers/node"}
 
 
 # Columns left out of a page table when every row has the same value (said once above it).
-CONSTANT_COLUMNS = ("device", "nodes", "runs", "scaling")
+CONSTANT_COLUMNS = ("device", "model", "batch_per_worker", "nodes", "runs", "scaling", "cpu_cores")
 
 
 def compact(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -245,13 +283,22 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def figure_html(name: str, path: Path) -> str:
-    """A <figure> with the PNG embedded as base64, its caption and alt text."""
-    data = Path(path).read_bytes()
+    """A <figure> with the PNG embedded as base64, its caption and alt text; clicking the image
+    opens it full size over the page and clicking again closes it (a checkbox and CSS: the page
+    runs no script).  ``data-series`` carries the figure's drawn series (``<name>.json``)."""
+    path = Path(path)
+    data = path.read_bytes()
     width, height = png_size(data)
     caption, alt = FIGURE_TEXT.get(name, (name, f"Figure {name}"))
     encoded = base64.b64encode(data).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{encoded}" alt="{esc(alt)}" '
-            f'width="{width}" height="{height}"><figcaption>{esc(caption)}</figcaption></figure>')
+    sidecar = path.with_suffix(".json")
+    series = json.loads(sidecar.read_text(encoding="utf-8")).get("series", []) if sidecar.exists() else []
+    wide = ' class="wide"' if name in WIDE_FIGURES else ""
+    return (f'<figure id="figure-{name}"{wide} data-series="{esc(json.dumps(series))}">'
+            f'<input type="checkbox" class="zoom" id="zoom-{name}" aria-label="show {esc(name)} full size">'
+            f'<label for="zoom-{name}" title="click to open full size, click again to close">'
+            f'<img src="data:image/png;base64,{encoded}" alt="{esc(alt)}" width="{width}" height="{height}">'
+            f'</label><figcaption>{esc(caption)} <span class="hint">(click to enlarge)</span></figcaption></figure>')
 
 
 def _unique(series: pd.Series) -> list[str]:
@@ -419,6 +466,73 @@ def table_section(name: str, table: pd.DataFrame, figure_names: list[str], made:
     return "\n".join(parts)
 
 
+VERDICT_TEXT = """
+<p class="note">Per model and topology (nodes × workers per node), the synchronous schemes ranked by images/s.
+A win is <em>beyond the spread</em> when the p10–p90 ranges of the two iteration times do not overlap. For each
+multi-worker run, <em>E</em> is its efficiency against the same scheme's one-worker run, and the cause says where
+the lost time per iteration went, from the profile's measured phases: slower compute (each worker's forward and
+backward against the one-worker run: workers sharing cores or a device), communication left exposed after
+backward, skew (waiting for the slowest rank), I/O, update. Flags mark numbers to read with care: oversubscribed
+CPU runs (ranks × threads above the cores), a machine kept busy by other processes, a wide spread.</p>
+"""
+
+
+def _verdict_row(row: pd.Series) -> str:
+    """One scheme of a topology's verdict as a <tr>."""
+    def number(value, fmt):
+        return '<td class="missing">—</td>' if tables._missing(value) else f'<td class="num">{format(value, fmt)}</td>'
+
+    rank = "" if tables._missing(row["rank"]) else f"{int(row['rank'])}"
+    scheme = (f'<span class="swatch" style="background:{scheme_colour(row["framework"], row["mode"])}"></span>'
+              f'{esc(row["series"])}' + ("" if row["synchronous"] else " <em>(asynchronous: not ranked)</em>"))
+    spread = (f"{row['iter_ms']:.1f} [{row['iter_ms_p10']:.1f}–{row['iter_ms_p90']:.1f}]"
+              if not tables._missing(row["iter_ms_p10"]) else f"{row['iter_ms']:.1f}")
+    behind = "" if tables._missing(row["behind_winner_pct"]) or row["rank"] == 1 else f"−{row['behind_winner_pct']:.0f}%"
+    flags = f'<span class="flag">{esc(row["flags"])}</span>' if row["flags"] else ""
+    return ("<tr>" + f'<td class="num">{rank}</td><td>{scheme}</td>' + number(row["images_per_s"], ".1f")
+            + f'<td class="num">{esc(spread)}</td><td class="num">{behind}</td>' + number(row["efficiency"], ".2f")
+            + f'<td class="text">{esc(row["cause_text"])}</td><td class="text">{flags}</td></tr>')
+
+
+def verdict_section(table: pd.DataFrame) -> str:
+    """The answer first: per topology the headline and the ranked schemes with their causes."""
+    parts = ['<section id="verdict" class="verdict"><h2>Verdict</h2>', VERDICT_TEXT]
+    found = verdict.verdicts(table)
+    if not found:
+        parts.append('<p class="note">No successful run yet.</p></section>')
+        return "\n".join(parts)
+    head = "".join(f"<th>{h}</th>" for h in ("#", "scheme", "images/s", "iter ms [p10–p90]", "behind",
+                                                "E", "where the time went", "flags"))
+    for item in found:
+        rows = "\n".join(_verdict_row(row) for _, row in item.rows.iterrows())
+        parts += [f"<h3>{esc(item.title)}</h3>", f'<p class="headline">{esc(item.headline)}</p>',
+                  f'<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>'
+                  "\n</table></div>"]
+    parts.append('<p class="links">Every component in milliseconds: <a href="tables/verdict.csv">verdict.csv</a> · '
+                  '<a href="tables/verdict.md">verdict.md</a></p></section>')
+    return "\n".join(parts)
+
+
+def layers_section(table: pd.DataFrame, made: dict[str, Path]) -> str:
+    """Backward per layer: the figure, then per model a table of layers × scheme and topology."""
+    parts = [f'<section id="layers"><h2>{esc(tables.TABLE_TITLES["layers"])}</h2>',
+             f'<p class="note">{esc(tables.TABLE_DESCRIPTIONS["layers"])}</p>']
+    if "layers" in made:
+        parts.append('<div class="figures">' + figure_html("layers", made["layers"]) + "</div>")
+    if table.empty:
+        parts.append('<p class="note">No rows.</p>')
+    for model, rows in table.groupby("model", sort=True):
+        wide = rows.assign(column=[f"{tables.series_name(lb, m)} · {t}" for lb, m, t in
+                                   zip(rows["framework_label"], rows["mode"], rows["topology"])]) \
+            .pivot_table(index=["order", "layer"], columns="column", values="backward_ms", aggfunc="median") \
+            .reset_index().drop(columns="order")
+        wide.columns = [str(c) if c != "layer" else "layer (backward order)" for c in wide.columns]
+        parts += [f"<h3>{esc(model)} (ms)</h3>", html_table(wide, raw_headers=True)]
+    parts.append('<p class="links">Files: <a href="tables/layers.csv">layers.csv</a> · '
+                 '<a href="tables/layers.md">layers.md</a></p></section>')
+    return "\n".join(parts)
+
+
 def failures_section(frame: pd.DataFrame, failures: pd.DataFrame) -> str:
     """The failures table, then each failed run's error tail in <pre>."""
     parts = ['<section id="failures"><h2>Failures</h2>']
@@ -495,19 +609,22 @@ def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str,
                 made: dict[str, Path]) -> str:
     """The whole page as a string."""
     sections = [
+        verdict_section(built["verdict"]),
         f'<section id="how-to-read"><h2>How to read this</h2>{HOW_TO_READ}</section>',
         table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], made),
         table_section("phases", built["phases"], ["phases"], made),
         table_section("scaling", built["scaling"], ["scaling", "bandwidth"], made),
+        table_section("runs", built["runs"], [], made),
+        layers_section(built["layers"], made),
         model_section(built, made),
         study_section(frame, built),
         failures_section(frame, built["failures"]),
         environment_section(frame, meta),
     ]
     nav = " ".join(f'<a href="#{anchor}">{esc(text)}</a>' for anchor, text in (
-        ("how-to-read", "How to read this"), ("throughput", "Throughput"), ("phases", "Phases"),
-        ("scaling", "Scaling"), ("model", "Model"), ("study", "Study tables"), ("failures", "Failures"),
-        ("environment", "Environment")))
+        ("verdict", "Verdict"), ("how-to-read", "How to read this"), ("throughput", "Throughput"),
+        ("phases", "Phases"), ("scaling", "Scaling"), ("runs", "Runs"), ("layers", "Layers"), ("model", "Model"),
+        ("study", "Study tables"), ("failures", "Failures"), ("environment", "Environment")))
     campaign = meta.get("campaign") or out_dir.resolve().name
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
@@ -542,7 +659,8 @@ def build_report(out_dir: str | Path) -> Path:
         frame = store.runs_frame()
         meta = store.meta()
         calibrations = store.calibration_frame()
-    built = {**tables.build_tables(frame, calibrations), **tables.study_tables(frame)}
+    built = {**tables.build_tables(frame, calibrations), "verdict": verdict.verdict_table(frame),
+             **tables.study_tables(frame)}
     tables.write_tables(frame, out_dir, built=built)
     made = figures.make_figures(frame, out_dir)
     _drop_stale_figures(out_dir, made)

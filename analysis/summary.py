@@ -1,7 +1,9 @@
 """A one-screen terminal summary of a campaign, for the end of ``launchers.compare``.
 
-One row per measured configuration (median over repeated runs) with speedup and efficiency
-against the one-worker run, then one row per failed run; details live in the report.
+The verdict first (`analysis.verdict`: per model and topology the fastest scheme, its margin,
+and where each scheme's lost time went), then one row per measured configuration (median over
+repeated runs) with speedup and efficiency against the one-worker run, then one row per failed
+run; details live in the report.
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis import tables
+from rich.text import Text
+
+from analysis import tables, verdict
+from analysis.palette import scheme_colour
 from analysis.store import ResultStore, StoreError
 
 # Short headers so that the table fits an 80-column terminal; the caption spells them out.
-HEADERS = ("Framework", "Mode", "Model", "N", "Batch", "img/s", "Iter ms [p10–p90]", "S(N)", "E(N)", "Status")
-NUMERIC = {"N", "Batch", "img/s", "S(N)", "E(N)"}
+HEADERS = ("Scheme", "Model", "N×W", "Batch", "img/s", "Iter ms [p10–p90]", "S(N)", "E(N)", "Status")
+NUMERIC = {"Batch", "img/s", "S(N)", "E(N)"}
 # Columns that may wrap on a narrow terminal; the numbers never do.
-WRAPPING = {"Framework": 8, "Mode": 4, "Model": 5, "Iter ms [p10–p90]": 13}
-CAPTION = ("N workers, Batch per worker, img/s over all workers; iteration time median [p10–p90] over "
+WRAPPING = {"Scheme": 11, "Model": 8, "Iter ms [p10–p90]": 13}
+CAPTION = ("Scheme: framework (mode); N×W nodes × workers per node, Batch per worker, img/s over all workers; iteration time median [p10–p90] over "
            "timed repeats; speedup S(N) = N·t(1)/t(N) against the one-worker run, efficiency E(N) = S/N")
 
 
@@ -40,13 +45,11 @@ def _text(value, fmt: str = "") -> str:
     return format(value, fmt) if fmt else escape(str(value))
 
 
-def _workers(world_size, nodes, bandwidth=None, latency=None) -> str:
-    """World size, with the node count (and emulated links) when the run spanned several hosts."""
-    text = _text(world_size)
-    if not tables._missing(nodes) and int(nodes) > 1:
-        links = [str(v) for v in (bandwidth, latency) if not tables._missing(v) and str(v)]
-        text += f" ({', '.join([f'{int(nodes)} nodes', *links])})"
-    return text
+def _workers(nodes, workers_per_node, bandwidth=None, latency=None) -> str:
+    """The topology '1×2', with the emulated links where the run crossed them."""
+    text = tables.topology_short(nodes, workers_per_node)
+    links = [str(v) for v in (bandwidth, latency) if not tables._missing(v) and str(v)]
+    return text + (f" ({', '.join(links)})" if links else "")
 
 
 def _iteration(row) -> str:
@@ -73,12 +76,12 @@ def _ok_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
     rows = []
     for _, row in configs.iterrows():
         status = "ok" if row["runs"] == 1 else f"ok ×{row['runs']}"
-        cells = [_text(row["framework_label"]), _text(row["mode"]), _text(row["model"]),
-                 _workers(row["world_size"], row["nodes"], row.get("bandwidth"), row.get("latency")),
+        cells = [_text(tables.series_name(row["framework_label"], row["mode"])), _text(row["model"]),
+                 _workers(row["nodes"], row["workers_per_node"], row.get("bandwidth"), row.get("latency")),
                  _text(row["batch_per_worker"]), _text(row["images_per_s"], ".1f"), _iteration(row), _text(row["speedup"], ".2f"),
                  _text(row["efficiency"], ".2f"), f"[green]{status}[/]"]
         if _efficiency_style(row["efficiency"]):
-            cells[8] = f"[{_efficiency_style(row['efficiency'])}]{cells[8]}[/]"
+            cells[7] = f"[{_efficiency_style(row['efficiency'])}]{cells[7]}[/]"
         rows.append((cells, ""))
     return rows
 
@@ -86,8 +89,8 @@ def _ok_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
 def _failed_rows(frame: pd.DataFrame) -> list[tuple[list[str], str]]:
     prepared = tables.prepare(frame)
     failed = prepared[prepared["status"].notna() & (prepared["status"] != "ok")]
-    return [([_text(r["framework_label"]), _text(r["mode"]), _text(r["model"]),
-              _workers(r["world_size"], r["nodes"], r.get("bandwidth"), r.get("latency")),
+    return [([_text(tables.series_name(r["framework_label"], r["mode"])), _text(r["model"]),
+              _workers(r["nodes"], r["workers_per_node"], r.get("bandwidth"), r.get("latency")),
               _text(r["batch_per_worker"]), "—", "—", "—", "—", f"[bold red]{escape(str(r['status']))}[/]"], "dim")
             for _, r in failed.sort_values(["model", "framework_label", "world_size"]).iterrows()]
 
@@ -122,13 +125,40 @@ def model_line(frame: pd.DataFrame) -> str:
             f"{len(errors)} runs (max {errors.max() * 100:.1f} %)")
 
 
+def verdict_text(frame: pd.DataFrame) -> Text:
+    """The verdict as terminal text: per topology its title, headline, and each scheme's cause
+    and flags (the scheme's name in its fixed colour)."""
+    text = Text()
+    for item in verdict.verdicts(verdict.verdict_table(frame)):
+        text.append(item.title + "\n", style="bold")
+        text.append("  " + item.headline + "\n")
+        for _, row in item.rows.iterrows():
+            alone = row["world_size"] <= 1  # a one-worker run has no loss to explain
+            if alone and not row["flags"]:
+                continue
+            text.append("    ")
+            text.append(row["series"], style=f"bold {scheme_colour(row['framework'], row['mode'])}")
+            if not alone:
+                efficiency = "" if tables._missing(row["efficiency"]) else f" (E = {row['efficiency']:.2f})"
+                text.append(f"{efficiency}: {row['cause_text']}")
+            text.append("\n")
+            if row["flags"]:
+                text.append(f"      ⚠ {row['flags']}\n", style="yellow")
+    return text
+
+
 def print_summary(out_dir: str | Path, console: Console | None = None) -> Table:
-    """Print the summary of the campaign in `out_dir`; StoreError when it has no store."""
+    """Print the verdict and the summary table of the campaign in `out_dir`; StoreError when it
+    has no store."""
     out_dir = Path(out_dir)
     with ResultStore.for_campaign(out_dir, create=False) as store:
         frame = store.runs_frame()
+    console = console or Console()
+    found = verdict_text(frame) if len(frame) else Text()
+    if found:
+        console.print(Text("Verdict\n", style="bold underline") + found)
     table = summary_table(frame, title=f"dlcompare — {out_dir.resolve().name}")
-    (console or Console()).print(table)
+    console.print(table)
     return table
 
 

@@ -20,6 +20,7 @@ one-worker baseline was measured the speedup is NaN: a baseline is never extrapo
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import NamedTuple
@@ -29,16 +30,21 @@ import pandas as pd
 from analysis.record import PHASES
 
 # One measured configuration: the rows that repeated runs of it share.
+# The topology is (nodes, workers per node): 1 node x 2 workers and 2 nodes x 1 worker are
+# different configurations with the same world size, never merged.
 CONFIG_KEYS: list[str] = ["model", "device", "framework", "framework_label", "mode",
-                          "batch_per_worker", "nodes", "world_size", "bandwidth", "latency"]
+                          "batch_per_worker", "nodes", "workers_per_node", "world_size", "bandwidth", "latency"]
 
-TABLE_NAMES: tuple[str, ...] = ("throughput", "phases", "scaling", "prediction", "prediction_summary",
-                                "calibration", "failures")
+TABLE_NAMES: tuple[str, ...] = ("throughput", "phases", "scaling", "runs", "layers", "prediction",
+                                "prediction_summary", "calibration", "failures")
 
 TABLE_TITLES: dict[str, str] = {
+    "verdict": "Verdict",
     "throughput": "Throughput",
     "phases": "Phase breakdown (profile mode)",
     "scaling": "Scaling: speedup and efficiency",
+    "runs": "Runs: the machine each saw, and the loss",
+    "layers": "Backward time per layer",
     "prediction": "Performance model: predicted against measured",
     "prediction_summary": "Performance model: error per scheme",
     "calibration": "Calibration of the communication model",
@@ -46,14 +52,32 @@ TABLE_TITLES: dict[str, str] = {
 }
 
 TABLE_DESCRIPTIONS: dict[str, str] = {
+    "verdict": "Per model and topology (nodes x workers per node): the synchronous schemes ranked by images/s; "
+               "the winner's margin over the next and whether it is beyond the run-to-run spread (the p10-p90 "
+               "ranges of their iteration times do not overlap); for each scheme the efficiency against its own "
+               "one-worker run and where the lost time per iteration went, in milliseconds: slower compute "
+               "(forward and backward of each worker against the one-worker run), communication left exposed "
+               "after backward, skew (waiting for the slowest rank), I/O, update, and the rest that the profile "
+               "does not place.",
     "throughput": "Images per second over all workers and iteration time in milliseconds: "
                   "median, 10th and 90th percentile over timed repeats (median over runs "
                   "where a configuration ran more than once).",
-    "phases": "Seconds per iteration spent in each phase, measured with synchronised timers "
-              "(profile mode); overlap is the fraction of communication hidden behind backward.",
+    "phases": "Milliseconds per iteration spent in each phase, measured with synchronised timers "
+              "(profile mode) with communication run after backward; profile_iter_ms is the profile iteration "
+              "with communication run the framework's own way (overlapped where it overlaps), iter_ms the "
+              "throughput-mode iteration (no extra synchronisation); overlap is the fraction of communication "
+              "hidden behind backward.",
     "scaling": "Weak scaling: speedup S(N) = N * t_iter(1) / t_iter(N) against the same "
                "framework's one-worker run with the same per-worker batch; efficiency E = S / N. "
                "NaN where no one-worker baseline was measured.",
+    "runs": "Every run: the threads each worker used, the machine's cores and how many ranks shared one machine "
+            "(oversubscribed: ranks x threads above the cores on a CPU run), the 1-minute load average when its "
+            "timed loops began and ended, the cores other processes kept busy meanwhile, the loss at the first "
+            "and last timed iteration (it should fall, or at least not explode), and the run's wall time.",
+    "layers": "Milliseconds of backward per layer with parameters, in backward order (the time from the previous "
+              "such layer's gradient being final to this one's), per scheme and topology (median over runs); "
+              "source: measured per layer by the framework's hooks, or the measured backward split by the "
+              "layers' FLOPs.",
     "prediction": "Per configuration: measured iteration time (throughput mode, median) and the model's "
                   "prediction, error = (predicted - measured) / measured; the communication phase measured "
                   "after backward and predicted; the predicted communication left exposed after backward; the "
@@ -63,14 +87,14 @@ TABLE_DESCRIPTIONS: dict[str, str] = {
                   "prediction from the one-worker profile instead of the run's own.",
     "prediction_summary": "Median and largest |error| of the model per framework and mode, over all runs and over "
                           "the runs with more than one worker (where the aggregation scheme matters).",
-    "calibration": "alpha (seconds per message), beta (seconds per byte, also as a link speed) and gamma (seconds "
+    "calibration": "alpha (milliseconds per message), beta (seconds per byte, also as a link speed) and gamma (seconds "
                    "per byte summed) per transport, from T(n) = a + b n fitted to the collective's time for 1 KB .. "
                    "64 MB messages (python -m launchers.calibrate) and inverted with the algorithm's "
                    "coefficients (ring: a = 2(p-1) alpha, b = 2(p-1)/p beta + (p-1)/p gamma).",
     "failures": "Runs that failed or timed out, with the last line of the error.",
 }
 
-FAILURE_COLUMNS: list[str] = ["run_id", "framework_label", "mode", "model", "world_size",
+FAILURE_COLUMNS: list[str] = ["run_id", "framework_label", "mode", "model", "nodes", "workers_per_node",
                               "status", "error_last_line"]
 
 
@@ -110,6 +134,10 @@ def prepare(frame: pd.DataFrame) -> pd.DataFrame:
     frame["throughput"] = frame["throughput"].fillna(derived)
     world = pd.to_numeric(frame["world_size"], errors="coerce").astype("float64")
     frame["throughput_per_worker"] = frame["throughput_per_worker"].fillna(frame["throughput"] / world)
+    nodes = pd.to_numeric(frame["nodes"], errors="coerce").astype("float64")
+    frame["nodes"] = nodes.fillna(1.0).astype("Int64")
+    per_node = pd.to_numeric(frame["workers_per_node"], errors="coerce").astype("float64")
+    frame["workers_per_node"] = per_node.fillna((world / frame["nodes"].astype("float64")).round()).astype("Int64")
     return frame
 
 
@@ -179,9 +207,10 @@ def phase_name(column: str) -> str:
 
 
 def phase_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration measured in profile mode: seconds per phase, their sum, overlap.
+    """Per configuration measured in profile mode: milliseconds per phase, their sum, the
+    overlapped profile iteration, the throughput-mode iteration, overlap.
 
-    Predicted per-phase columns (``<phase>_pred_s``) appear only when the performance model
+    Predicted per-phase columns (``<phase>_pred_ms``) appear only when the performance model
     filled some, so the measured and predicted times can be read side by side.
     """
     frame = prepare(frame)
@@ -191,20 +220,22 @@ def phase_table(frame: pd.DataFrame) -> pd.DataFrame:
     ok = ok_runs(frame)
     if measured:
         ok = ok[ok[measured].notna().any(axis=1)]
-    names = [f"{phase_name(c)}_s" for c in measured]
-    pred_names = [f"{phase_name(c)}_pred_s" for c in predicted]
-    columns = (CONFIG_KEYS + ["runs"] + names + ["phase_sum_s", "profile_iter_s", "overlap"] + pred_names
-               + ["predicted_iter_s", "prediction_error"])
+    names = [f"{phase_name(c)}_ms" for c in measured]
+    pred_names = [f"{phase_name(c)}_pred_ms" for c in predicted]
+    columns = (CONFIG_KEYS + ["runs"] + names + ["phase_sum_ms", "profile_iter_ms", "iter_ms", "overlap"]
+               + pred_names + ["predicted_iter_ms", "prediction_error"])
     if ok.empty or not measured:
         return pd.DataFrame(columns=columns)
-    ok = ok.rename(columns=dict(zip(measured + predicted, names + pred_names)))
-    ok = ok.assign(profile_iter_s=_numeric(ok, "profile_iter_time"), overlap=_numeric(ok, "overlap"),
-                   predicted_iter_s=_numeric(ok, "predicted_iter_time"),
+    in_ms = {new: _numeric(ok, old) * 1e3 for old, new in zip(measured + predicted, names + pred_names)}
+    ok = ok.assign(**in_ms, profile_iter_ms=_numeric(ok, "profile_iter_time") * 1e3,
+                   iter_ms=_numeric(ok, "iter_time_median") * 1e3, overlap=_numeric(ok, "overlap"),
+                   predicted_iter_ms=_numeric(ok, "predicted_iter_time") * 1e3,
                    prediction_error=_numeric(ok, "prediction_error"))
     aggregations = {name: (name, "median") for name in
-                    names + pred_names + ["profile_iter_s", "overlap", "predicted_iter_s", "prediction_error"]}
+                    names + pred_names + ["profile_iter_ms", "iter_ms", "overlap", "predicted_iter_ms",
+                                          "prediction_error"]}
     table = _group(ok).agg(runs=("run_id", "size"), **aggregations).reset_index()
-    table["phase_sum_s"] = table[names].sum(axis=1, min_count=1)
+    table["phase_sum_ms"] = table[names].sum(axis=1, min_count=1)
     return table[columns]
 
 
@@ -233,7 +264,7 @@ def _missing(value) -> bool:
 
 
 SCALING_COLUMNS: list[str] = ["model", "device", "framework", "framework_label", "mode", "scaling",
-                               "batch_per_worker", "nodes", "world_size", "iter_ms_median", "baseline_mode",
+                               "batch_per_worker", "nodes", "workers_per_node", "world_size", "iter_ms_median", "baseline_mode",
                                "baseline_iter_ms", "speedup", "efficiency"]
 
 
@@ -269,6 +300,77 @@ def configs_with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
 def scaling_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Speedup S(N) and efficiency E(N) of every configuration (see `configs_with_speedup`)."""
     return configs_with_speedup(frame).reindex(columns=SCALING_COLUMNS)
+
+
+RUNS_COLUMNS: list[str] = ["scheme", "model", "topology", "batch_per_worker", "threads_per_worker", "cpu_cores",
+                           "ranks_per_host", "oversubscribed", "load_avg_start", "load_avg_end", "other_load",
+                           "loss_first", "loss_last", "duration_s", "run_id"]
+
+
+def topology_short(nodes, workers_per_node) -> str:
+    """'1×2': nodes × workers per node, how every figure and the verdict name a topology."""
+    nodes = 1 if _missing(nodes) else int(nodes)
+    return f"{nodes}×{'?' if _missing(workers_per_node) else int(workers_per_node)}"
+
+
+def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every successful run with the machine it saw (threads, cores, sharing, load) and its
+    first and last loss: what tells a slow or odd run apart from a slow scheme."""
+    ok = ok_runs(prepare(frame))
+    if ok.empty:
+        return pd.DataFrame(columns=RUNS_COLUMNS)
+    ok = ok.assign(topology=[topology_short(n, w) for n, w in zip(ok["nodes"], ok["workers_per_node"])],
+                   scheme=[series_name(lb, m) for lb, m in zip(ok["framework_label"], ok["mode"])],
+                   oversubscribed=_numeric(ok, "oversubscribed").map(
+                       lambda v: None if _missing(v) else ("yes" if v else "no")))
+    for column in RUNS_COLUMNS:
+        if column not in ok.columns:
+            ok[column] = None
+    return ok[RUNS_COLUMNS].sort_values(["model", "scheme", "topology"]).reset_index(drop=True)
+
+
+LAYER_COLUMNS: list[str] = ["model", "framework", "framework_label", "mode", "nodes", "workers_per_node", "topology",
+                            "layer", "order", "backward_ms", "source"]
+
+
+def layer_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Long table of backward milliseconds per layer with parameters (backward order), median
+    over the runs of each configuration, from the records' ``layer_backward_s``."""
+    ok = ok_runs(prepare(frame))
+    column = "extra_layer_backward_s"
+    if ok.empty or column not in ok.columns:
+        return pd.DataFrame(columns=LAYER_COLUMNS)
+    rows = []
+    fields = ["model", "framework", "framework_label", "mode", "nodes", "workers_per_node"]
+    sources = ok["extra_layer_backward_source"] if "extra_layer_backward_source" in ok.columns \
+        else pd.Series(None, index=ok.index)
+    for run, layers, source in zip(ok[fields].to_dict("records"), ok[column], sources):
+        run = {**run, "topology": topology_short(run["nodes"], run["workers_per_node"]),
+               "source": None if _missing(source) else source}
+        for order, item in enumerate(json_list(layers)):
+            if isinstance(item, (list, tuple)) and len(item) == 2 and not _missing(item[1]):
+                rows.append({**run, "layer": str(item[0]), "order": order, "backward_ms": float(item[1]) * 1e3})
+    if not rows:
+        return pd.DataFrame(columns=LAYER_COLUMNS)
+    long = pd.DataFrame(rows)
+    keys = ["model", "framework", "framework_label", "mode", "nodes", "workers_per_node", "topology", "layer"]
+    table = long.groupby(keys, dropna=False, sort=False).agg(
+        order=("order", "min"), backward_ms=("backward_ms", "median"), source=("source", "first")).reset_index()
+    return table.sort_values(["model", "framework_label", "mode", "topology", "order"])[LAYER_COLUMNS] \
+        .reset_index(drop=True)
+
+
+def json_list(value) -> list:
+    """A list stored as JSON text (how the store flattens the record's lists), or []."""
+    if isinstance(value, list):
+        return value
+    if _missing(value) or not str(value).strip():
+        return []
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return []
+    return decoded if isinstance(decoded, list) else []
 
 
 def _mask(condition: pd.Series) -> pd.Series:
@@ -339,7 +441,8 @@ def build_tables(frame: pd.DataFrame, calibrations: pd.DataFrame | None = None) 
     """All tables of the report, by name (see `TABLE_NAMES`); `calibrations` is the store's
     `calibration_frame()`."""
     return {"throughput": throughput_table(frame), "phases": phase_table(frame),
-            "scaling": scaling_table(frame), "prediction": prediction_table(frame),
+            "scaling": scaling_table(frame), "runs": runs_table(frame), "layers": layer_table(frame),
+            "prediction": prediction_table(frame),
             "prediction_summary": prediction_summary(frame), "calibration": calibration_table(calibrations),
             "failures": failures_table(frame)}
 
@@ -348,9 +451,13 @@ def build_tables(frame: pd.DataFrame, calibrations: pd.DataFrame | None = None) 
 
 def float_format(column: str) -> str:
     """A readable format per kind of column (ms with 2 decimals, seconds with 4, ...)."""
-    if column.endswith("_pct") or column.startswith("images_per_s"):
+    if column.endswith("_pct") or column.startswith("images_per_s") or column == "duration_s":
         return ".1f"
-    if column.endswith(("_us", "_ns_per_byte", "_gbit_s")):
+    if column.startswith(("load_avg", "other_load")):
+        return ".2f"
+    if column.startswith("loss_"):
+        return ".4f"
+    if column.endswith(("_us", "_ns_per_byte", "_gbit_s")) or column in ("alpha_ms", "fit_a_ms"):
         return ".4g"
     if "_ms" in column:
         return ".2f"
@@ -404,8 +511,8 @@ def write_tables(frame: pd.DataFrame, out_dir: str | Path, calibrations: pd.Data
 # --------------------------------------------------------------------------- the performance model
 
 PREDICTION_COLUMNS: list[str] = [
-    "model", "device", "framework", "framework_label", "mode", "batch_per_worker", "nodes", "world_size",
-    "runs", "measured_ms", "predicted_ms", "error_pct", "comm_measured_ms", "comm_predicted_ms",
+    "model", "device", "framework", "framework_label", "mode", "batch_per_worker", "nodes", "workers_per_node",
+    "world_size", "runs", "measured_ms", "predicted_ms", "error_pct", "comm_measured_ms", "comm_predicted_ms",
     "comm_exposed_pred_ms", "overlap", "hidden_pred", "basis", "layer_source", "from_1_worker_ms",
     "from_1_worker_error_pct"]
 
@@ -414,8 +521,8 @@ PREDICTION_SUMMARY_COLUMNS: list[str] = [
     "multi_worker_runs", "multi_worker_median_abs_error_pct", "calibrated_runs", "from_1_worker_median_abs_error_pct"]
 
 CALIBRATION_TABLE_COLUMNS: list[str] = [
-    "framework", "mode", "transport", "algorithm", "device_kind", "nodes", "world_size", "alpha_us",
-    "beta_ns_per_byte", "link_gbit_s", "gamma_ns_per_byte", "kappa", "kappa_c", "fit_a_us", "fit_b_ns_per_byte",
+    "framework", "mode", "transport", "algorithm", "device_kind", "nodes", "world_size", "alpha_ms",
+    "beta_ns_per_byte", "link_gbit_s", "gamma_ns_per_byte", "kappa", "kappa_c", "fit_a_ms", "fit_b_ns_per_byte",
     "rel_rmse_pct", "n_sizes", "repeats", "measured_at", "windows", "drift_a_pct", "drift_b_pct"]
 
 
@@ -482,7 +589,7 @@ def prediction_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
     """The stored calibrations (`ResultStore.calibration_frame`) in readable units: link-level
-    alpha (us), beta (ns/B and as a link speed), gamma, the contention shares kappa (of its
+    alpha (ms), beta (ns/B and as a link speed), gamma, the contention shares kappa (of its
     pace backward loses beside a transfer) and kappa_c (a transfer beside backward), the
     fitted whole-collective
     T(n) = a + b n with its relative rms error.  A calibration pooled from several (`compare
@@ -500,10 +607,10 @@ def calibration_table(calibrations: pd.DataFrame | None) -> pd.DataFrame:
     table = pd.DataFrame({
         "framework": c["framework"], "mode": c["mode"], "transport": c["transport"], "algorithm": c["algorithm"],
         "device_kind": c["device_kind"], "nodes": c["nodes"], "world_size": c["world_size"],
-        "alpha_us": c["alpha_s"] * 1e6, "beta_ns_per_byte": c["beta_s_per_byte"] * 1e9,
+        "alpha_ms": c["alpha_s"] * 1e3, "beta_ns_per_byte": c["beta_s_per_byte"] * 1e9,
         "link_gbit_s": (8 / c["beta_s_per_byte"] / 1e9).where(c["beta_s_per_byte"] > 0),
         "gamma_ns_per_byte": c["gamma_s_per_byte"] * 1e9, "kappa": c["contention"].fillna(0.0),
-        "kappa_c": c["transfer_contention"].fillna(0.0), "fit_a_us": c["fit_a_s"] * 1e6,
+        "kappa_c": c["transfer_contention"].fillna(0.0), "fit_a_ms": c["fit_a_s"] * 1e3,
         "fit_b_ns_per_byte": c["fit_b_s_per_byte"] * 1e9, "rel_rmse_pct": c["rel_rmse"] * 100,
         "n_sizes": c["n_sizes"], "repeats": c["repeats"], "measured_at": c["measured_at"],
         "windows": windows.map(lambda w: max(1, len(w))), "drift_a_pct": drift("fit_a_s"),
@@ -525,11 +632,13 @@ def topology_label(nodes, world_size) -> str:
     return f"{nodes} nodes" + ("" if world == nodes else f" ({world} workers)")
 
 
-def _series(label, mode) -> str:
+def series_name(label, mode) -> str:
+    """How a scheme is named in tables and legends: the label, plus the mode unless the label
+    says it ('PyTorch DDP', 'TensorFlow (ps)')."""
     label = "" if _missing(label) else str(label)
     if _missing(mode) or not str(mode) or str(mode).lower() in label.lower():
-        return label
-    return f"{label} ({mode})"
+        return label or "?"
+    return f"{label} ({mode})" if label else str(mode)
 
 
 def study_scaling_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -542,7 +651,7 @@ def study_scaling_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if configs.empty:
         return out
     configs = configs.assign(topology=[topology_label(n, w) for n, w in zip(configs["nodes"], configs["world_size"])],
-                             framework_row=[_series(lb, m) for lb, m in zip(configs["framework_label"], configs["mode"])])
+                             framework_row=[series_name(lb, m) for lb, m in zip(configs["framework_label"], configs["mode"])])
     for model, rows in configs.groupby("model", sort=True):
         several = rows.groupby("framework_row")[["batch_per_worker", "device"]].nunique().max().max() > 1
         measured = sorted({(1 if _missing(n) else int(n), int(w)) for n, w in zip(rows["nodes"], rows["world_size"])})
@@ -583,16 +692,16 @@ def study_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     keys = ["model", "device", "framework_label", "mode", "batch_per_worker"]
     if not phases.empty:
         phases = phases[_mask(phases["world_size"] == 1)]
-        keep = [c for c in ("io_s", "h2d_s", "forward_s", "backward_s", "update_s") if c in phases.columns]
+        keep = [c for c in ("io_ms", "h2d_ms", "forward_ms", "backward_ms", "update_ms") if c in phases.columns]
         single = single.merge(phases[keys + keep], on=keys, how="left")
     rows = []
     for _, row in single.iterrows():
-        item = {"model": row["model"], "framework": _series(row["framework_label"], row["mode"]),
+        item = {"model": row["model"], "framework": series_name(row["framework_label"], row["mode"]),
                 "device": row["device"], "batch_per_worker": row["batch_per_worker"],
                 "images_per_s": row["images_per_s"], "iter_ms": row["iter_ms_median"]}
         for phase in ("io", "h2d", "forward", "backward", "update"):
-            value = row.get(f"{phase}_s")
-            item[f"{phase}_ms"] = math.nan if _missing(value) else float(value) * 1e3
+            value = row.get(f"{phase}_ms")
+            item[f"{phase}_ms"] = math.nan if _missing(value) else float(value)
         rows.append(item)
     return pd.DataFrame(rows, columns=STUDY_SINGLE_COLUMNS).sort_values(["model", "framework"]).reset_index(drop=True)
 

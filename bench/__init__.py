@@ -55,13 +55,38 @@ def medians(timings: dict[str, list[float]]) -> dict[str, float]:
     return {f"{name}_s": statistics.median(values) for name, values in timings.items()}
 
 
-def run_compare(arguments: list[str], out: Path) -> int:
+def run_compare(arguments: list[str], out: Path, **how) -> int:
     """`python -m launchers.compare ARGUMENTS --out OUT` as a user runs it (so every number is
-    also in that campaign's store, report and tables); returns its exit code."""
+    also in that campaign's store, report and tables); returns its exit code. `how`: as
+    `run_command`'s (a time limit, a log file)."""
+    return run_command(["launchers.compare", *arguments, "--out", str(out)], **how)
+
+
+def run_command(module_and_arguments: list[str], timeout: float | None = None,
+                log: Path | None = None, grace: float = 30.0) -> int:
+    """`python -m MODULE ARGUMENTS` with this interpreter in the repository, its output to
+    `log` when given (else inherited); returns its exit code.  Past `timeout` seconds it gets
+    SIGTERM, which the launchers take as Ctrl-C (ranks killed, what was measured stored), and
+    `grace` seconds later SIGKILL; the code is then that of the ended command (negative for
+    a signal)."""
     from core.envs import REPO_ROOT
 
-    command = [sys.executable, "-m", "launchers.compare", *arguments, "--out", str(out)]
-    return subprocess.run(command, cwd=REPO_ROOT).returncode
+    output = open(log, "ab") if log else None
+    try:
+        process = subprocess.Popen([sys.executable, "-m", *module_and_arguments], cwd=REPO_ROOT,
+                                   stdout=output, stderr=subprocess.STDOUT if output else None)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                return process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                return process.wait()
+    finally:
+        if output:
+            output.close()
 
 
 def stored_runs(out: Path, columns: str) -> list[tuple]:

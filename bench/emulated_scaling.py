@@ -16,12 +16,12 @@ cluster's. Runs in the launcher's environment (re-executes itself there).
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from core.cli import OneLineParser
 from core.envs import REPO_ROOT, reexec_in_host_env
 
 FRAMEWORKS = "torch,cntk-style,caffe-mpi-style,horovod:gloo,tf:collective,mxnet:dist_sync"
@@ -57,7 +57,7 @@ def table(out: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     reexec_in_host_env("bench.emulated_scaling", argv)
-    parser = argparse.ArgumentParser(prog="python -m bench.emulated_scaling")
+    parser = OneLineParser(prog="python -m bench.emulated_scaling")
     parser.add_argument("--model", default="googlenet")
     parser.add_argument("--frameworks", default=FRAMEWORKS)
     parser.add_argument("--bandwidth", default="100Mbit,1Gbit,10Gbit")

@@ -14,7 +14,6 @@ the Horovod environment. Settings run one after the other; ranks share this mach
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -22,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from adapters.base import RunConfig
+from core.cli import OneLineParser
 from core.envs import REPO_ROOT, ensure_environment
 from launchers.local import run_local
 
@@ -31,7 +31,7 @@ def floats(text: str) -> list[float]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.horovod_fusion")
+    parser = OneLineParser(prog="python -m bench.horovod_fusion")
     parser.add_argument("--model", default="googlenet")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)

@@ -19,12 +19,12 @@ noise hits both alike; the ratio is of medians. Target: adapter / plain <= 1.05.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
+from core.cli import OneLineParser
 
 
 def plain_step(network, trainer, loss_fn, images, labels, batch: int):
@@ -88,7 +88,7 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=None,
                         help="per-step batch (default: the campaign's CPU default per model)")

@@ -11,7 +11,6 @@ Target: under one second.  Runs in the launcher's environment (re-executes itsel
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -21,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.cli import OneLineParser
 from core.envs import REPO_ROOT, reexec_in_host_env
 
 GRID = ["--nodes", "2,4,8,16", "--bandwidth", "10Gbit,56Gbit,100Gbit", "--latency", "5us,50us"]
@@ -60,7 +60,7 @@ def make_campaign(folder: Path, model: str = "resnet50") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.perfmodel_predict", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m bench.perfmodel_predict", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.perfmodel_predict", sys.argv[1:] if argv is None else argv)

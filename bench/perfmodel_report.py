@@ -11,7 +11,6 @@ incl. LaTeX, drawing every figure, the HTML) in this process, and the CLI
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import itertools
@@ -22,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.cli import OneLineParser
 from core.envs import REPO_ROOT, reexec_in_host_env
 
 SCHEMES = [
@@ -75,7 +75,7 @@ def _children_cpu() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.perfmodel_report", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m bench.perfmodel_report", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)

@@ -17,13 +17,13 @@ not GPU-like scaling.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
 from bench import run_compare
+from core.cli import OneLineParser
 from core.envs import reexec_in_host_env
 
 SCHEMES = "torch,cntk-style,caffe-mpi-style,horovod:gloo,horovod:mpi"
@@ -54,7 +54,7 @@ def row(record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/bench-schemes-2rank")
     parser.add_argument("--frameworks", default=SCHEMES)
     parser.add_argument("--models", default="alexnet,googlenet,resnet50")

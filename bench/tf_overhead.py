@@ -18,12 +18,12 @@ Dropout, Concatenate, Add, a Lambda for LRN.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
+from core.cli import OneLineParser
 
 DEFAULT_BATCH = {"alexnet": 16, "googlenet": 8, "resnet50": 4}  # launchers/plan.py (CPU)
 
@@ -169,7 +169,7 @@ def measure(model_name: str, batch: int, iterations: int, rounds: int, threads: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=0, help="0: the default CPU batch per model")
     parser.add_argument("--iterations", type=int, default=5)

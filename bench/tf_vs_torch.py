@@ -11,18 +11,18 @@ JSON line per model with both throughputs and their ratio. Both frameworks use e
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from bench import run_compare, stored_runs
+from core.cli import OneLineParser
 from core.envs import reexec_in_host_env
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/bench-tf-vs-torch")
     parser.add_argument("--models", default="alexnet,googlenet,resnet50")
     parser.add_argument("--iterations", type=int, default=5)

@@ -11,12 +11,12 @@ Target: adapter / plain <= 1.03.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
+from core.cli import OneLineParser
 
 
 def plain_step(network, images, labels):
@@ -65,7 +65,7 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=5)

@@ -35,6 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST_ENV = "host"
 COMPLETE_MARKER = ".dlcompare-complete"
 BOOTSTRAP_VAR = "DLCOMPARE_HOST_ENV"
+# Set for the ranks that run in an interpreter the user named instead of their environment
+# (launchers/interpreters.py); the worker records it with every result.
+PYTHON_OVERRIDE_VAR = "DLC_PYTHON_OVERRIDE"
 
 
 class EnvBuildError(RuntimeError):

@@ -27,6 +27,8 @@ import sys
 
 from core.cli import OneLineParser
 from core.envs import reexec_in_host_env
+from launchers.interpreters import add_python_argument, overrides_or_exit
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
@@ -58,12 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="when a campaign holds --out, wait for it to end instead of refusing to start")
     parser.add_argument("--repair", action="store_true",
                         help="when --out's results.sqlite is damaged, salvage it into a new store first")
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="adapter option for the ranks, repeatable (as launchers.compare): "
+                             "share_gpu=true lets two ranks share one GPU")
+    add_python_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)  # usage errors before any environment is built
+    overrides_or_exit(args.python)
     reexec_in_host_env("launchers.calibrate", argv)
     from launchers.calibration_runs import run_cli  # after the re-exec: pandas, rich, the adapters' records
 

@@ -15,17 +15,17 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from adapters.base import RunConfig
-from adapters.registry import framework_info
 from analysis.calibration import (CalibrationFit, default_sizes, drift_line, fit_calibration,
                                   fit_contention, format_points, link_gbps, pool_probes,
                                   pool_samples)
 from analysis.store import StoreError, calibration_key, open_campaign
 from analysis.units import UnitError, parse_size
 from core.cli import fail, interrupt_on_termination
-from core.envs import REPO_ROOT, EnvBuildError, EnvUnavailable, ensure_environment
+from core.envs import REPO_ROOT, EnvBuildError
 from launchers import plan as planning
 from launchers.cluster import ClusterError, LocalCluster, parse_cluster
 from launchers.cluster.transports import make_cluster, preflight
+from launchers.interpreters import InterpreterError, Interpreters, parse_overrides, prepare_interpreters
 from launchers.local import run_local
 from launchers.plan import link_tag, set_cluster
 
@@ -60,9 +60,12 @@ def settings_from_args(args) -> dict:
         if mode not in info.server_modes and min(workers) * min(nodes) < 2:
             raise planning.UsageError(f"{info.name}:{mode} needs at least 2 workers to time an all-reduce")
     device = planning.resolve_device(args.device, planning.gpu_count())
-    if device == "gpu" and max(workers) > planning.gpu_count():
-        raise planning.UsageError(f"--workers {max(workers)} needs {max(workers)} GPUs per node")
+    options = planning.parse_options(getattr(args, "option", None))
+    if device == "gpu" and max(workers) > planning.gpu_count() and not options.get("share_gpu"):
+        raise planning.UsageError(f"--workers {max(workers)} needs {max(workers)} GPUs per node "
+                                  f"({planning.SHARE_GPU_HINT})")
     return {"frameworks": frameworks, "workers": workers, "nodes": nodes, "servers": servers[0],
+            "options": options, "python": parse_overrides(getattr(args, "python", None)),
             "sizes": default_sizes(low, high, args.factor), "repeats": args.repeats, "warmup": args.warmup,
             "device": device, "out": Path(args.out).resolve(), "timeout": args.timeout,
             "cluster": links.cluster, "bandwidths": links.bandwidths, "latencies": links.latencies}
@@ -84,7 +87,7 @@ def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, set
                      bandwidth=bandwidth, latency=latency,
                      threads_per_worker=max(1, (os.cpu_count() or 1) // (
                          workers * (nodes if settings.get("cluster") == "emulated" else 1))), rank_dir=str(run_dir),
-                     record_path=str(run_dir / "calibration.json"),
+                     record_path=str(run_dir / "calibration.json"), options=dict(settings.get("options") or {}),
                      calibrate={"sizes": settings["sizes"], "repeats": settings["repeats"],
                                 "warmup": settings["warmup"]})
 
@@ -106,7 +109,7 @@ def fit_result(result: dict, info, mode: str, bandwidth: str | None = None, late
     return replace(fit, contention=kappa, transfer_contention=kappa_c)
 
 
-def calibrate(settings: dict, pythons: dict[str, str], store, console, only_missing: bool = False,
+def calibrate(settings: dict, pythons: Interpreters, store, console, only_missing: bool = False,
               cluster=None, pool_since: str | None = None) -> list[str]:
     """Run, fit and store every calibration of `settings`; returns one line per failure.
 
@@ -153,14 +156,12 @@ def calibrate_one(settings, pythons, store, console, only_missing, cluster, info
                   f"{nodes}x{workers}{links} ({len(settings['sizes'])} sizes x {settings['repeats']} repeats)"
                   f"{', pooled with the one before the runs' if previous else ''} ...")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    if info.env not in pythons or (info.backend_env and info.backend_env not in pythons):
+    if not pythons.ready(info):
         failure = (f"{info.name}:{mode} {nodes}x{workers}: unavailable: its environment "
                    "cannot be built on this machine")
         console.print(f"[red]{failure}[/red]")
         return [failure]
-    python = pythons[framework_info(info.name).env]
-    extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]}
-                 if info.backend_env in pythons else {})
+    python, extra_env = pythons.python(info), pythons.rank_env(info)
     cluster.prepare(run)
     outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"],
                         extra_env=extra_env, hosts=cluster.hosts(run), wrappers=cluster.wrappers(run))
@@ -212,7 +213,7 @@ def pooled_result(result: dict, previous: dict, store) -> dict:
             "contention": pool_probes(previous["extra"].get("contention"), result.get("contention"))}
 
 
-def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, store, console,
+def calibrate_campaign(campaign, pythons: Interpreters, unavailable: dict, store, console,
                        cluster=None, pool_since: str | None = None) -> list[str]:
     """`compare --calibrate`: calibrate every framework of the campaign at each of its worker
     counts above one that has no calibration stored yet (default sizes, 10 repeats).
@@ -223,6 +224,7 @@ def calibrate_campaign(campaign, pythons: dict[str, str], unavailable: dict, sto
                 "workers": campaign.workers, "nodes": campaign.nodes, "servers": campaign.servers[0],
                 "sizes": default_sizes(), "repeats": 10, "warmup": 2, "device": campaign.device,
                 "out": campaign.out, "timeout": campaign.timeout, "cluster": campaign.cluster,
+                "options": campaign.options,
                 "bandwidths": campaign.bandwidths, "latencies": campaign.latencies}
     return calibrate(settings, pythons, store, console, only_missing=True, cluster=cluster,
                      pool_since=pool_since)
@@ -250,20 +252,15 @@ def run_cli(args, argv: list[str]) -> int:
         store = open_campaign(settings["out"], wait=getattr(args, "wait", False),
                               repair=getattr(args, "repair", False),
                               log=lambda text: console.print(text, soft_wrap=True, markup=False))
-        pythons = {}
-        for info, _ in settings["frameworks"]:
-            for name in filter(None, (info.env, info.backend_env)):
-                if name in pythons:
-                    continue
-                try:
-                    pythons[name] = str(ensure_environment(name, log=console.print).python)
-                except EnvUnavailable as error:  # said again when its turn comes
-                    console.print(f"[yellow]{info.name}: cannot run on this machine: {error}[/yellow]")
+        pythons = prepare_interpreters(  # a framework that cannot run here is said again in its turn
+            settings["frameworks"], settings["python"], log=console.print,
+            warn=lambda message: console.print(f"[yellow]{message}[/yellow]"))
         cluster = make_cluster(parse_cluster(settings["cluster"]), SimpleNamespace(
             nodes=settings["nodes"], latencies=settings["latencies"]))
     except StoreError as error:
         return fail(error, error.exit_code)
-    except (planning.UsageError, EnvBuildError, ClusterError, KeyboardInterrupt) as error:
+    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError,
+            KeyboardInterrupt) as error:
         if store is not None:
             store.close()
         if isinstance(error, KeyboardInterrupt):  # while waiting for the folder (--wait)

@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -33,14 +34,16 @@ from analysis.report import build_report
 from analysis.store import ResultStore, StoreError, open_campaign
 from analysis.summary import print_summary
 from core.cli import EXIT_INTERRUPTED, EXIT_NOT_WRITTEN, fail, interrupt_on_termination
-from core.envs import REPO_ROOT, EnvBuildError, EnvUnavailable, dlcompare_home, ensure_environment
+from core.envs import REPO_ROOT, EnvBuildError, dlcompare_home
 from launchers import plan as planning
 from launchers.calibration_runs import calibrate_campaign
 from launchers.cluster import ClusterError, LocalCluster, parse_cluster
 from launchers.cluster.transports import make_cluster, preflight
 from launchers.container_runtime import ContainerImages
+from launchers.dryrun import print_costs
 from launchers.engine import find_engine
 from launchers.images import ensure_image, image_for
+from launchers.interpreters import InterpreterError, Interpreters, parse_overrides, prepare_interpreters
 from launchers.local import planned_commands, run_local
 from models import get_model
 
@@ -65,14 +68,14 @@ def campaign_from_args(args) -> planning.Campaign:
     device = planning.resolve_device(args.device, gpus)
     workers = (planning.positive_ints(args.workers, "--workers") if args.workers is not None
                else planning.default_workers(device, gpus))
+    models = planning.parse_models(args.model)
     campaign = planning.Campaign(
         frameworks=planning.parse_frameworks(args.frameworks),
-        models=planning.parse_models(args.model),
+        models=models,
         workers=workers,
         nodes=planning.positive_ints(args.nodes, "--nodes"),
         servers=planning.positive_ints(args.servers, "--servers"),
-        batch_sizes=(planning.positive_ints(args.batch_size, "--batch-size")
-                     if args.batch_size is not None else None),
+        batch_sizes=planning.parse_batch_sizes(args.batch_size, models),
         iterations=args.iterations, warmup=args.warmup, repeats=args.repeats,
         profile_iterations=args.profile_iterations, data=args.data, device=device,
         out=Path(args.out).resolve(), timeout=args.timeout, channels_last=args.channels_last,
@@ -80,7 +83,13 @@ def campaign_from_args(args) -> planning.Campaign:
         fault=planning.parse_fault(args.inject_fault),
         git_revision=planning.git_revision(REPO_ROOT),
         runtime=getattr(args, "runtime", "local"),
+        dtype=planning.parse_dtype(getattr(args, "dtype", None)),
+        options=planning.parse_options(getattr(args, "option", None)),
+        python=parse_overrides(getattr(args, "python", None)),
     )
+    if campaign.runtime == "container" and campaign.python:
+        raise planning.UsageError("--python names a local interpreter; with --runtime container "
+                                  "every rank runs in its image's")
     if campaign.runtime == "container" and getattr(args, "calibrate", False):
         raise planning.UsageError("--calibrate runs on the local runtime only so far; "
                                   "calibrate first without --runtime container")
@@ -106,11 +115,16 @@ def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[s
 
 
 def prepare_environments(campaign: planning.Campaign):
-    """(env name -> interpreter, framework -> why it cannot run here, the container images
-    by env name or None): the framework's virtualenvs, or with --runtime container its images."""
+    """(interpreters.Interpreters: each framework's python and the frameworks that cannot run
+    here, their unavailable dict, the container images by env name or None): the framework's
+    virtualenvs or the interpreters named with --python, or with --runtime container its images."""
     if campaign.runtime == "container":
-        return prepare_images(campaign)
-    return (*prepare_virtualenvs(campaign), None)
+        chosen, containers = prepare_images(campaign)
+    else:
+        chosen, containers = prepare_interpreters(
+            campaign.frameworks, campaign.python, log=console.print, status=console.status,
+            warn=lambda message: console.print(f"[yellow]{message}[/yellow]")), None
+    return chosen, chosen.unavailable, containers
 
 
 def prepare_images(campaign: planning.Campaign):
@@ -119,13 +133,13 @@ def prepare_images(campaign: planning.Campaign):
     The interpreters are the images' own. A framework without an image is reported and
     skipped; a failed build is an error (EnvBuildError)."""
     containers = ContainerImages(find_engine(log=console.print))
-    pythons, unavailable = {}, {}
+    chosen = Interpreters()
     for info, _ in campaign.frameworks:
         spec = image_for(info)
         if spec is None:
-            unavailable[info.name] = "no container image for this framework yet"
+            chosen.unavailable[info.name] = "no container image for this framework yet"
             console.print(f"[yellow]{info.name}: cannot run in a container: "
-                          f"{unavailable[info.name]}[/yellow]")
+                          f"{chosen.unavailable[info.name]}[/yellow]")
             continue
         image = next((built for built in containers.images.values() if built.spec == spec), None)
         if image is None:  # several environments share an image (torch, torch-mpi, horovod)
@@ -136,29 +150,8 @@ def prepare_images(campaign: planning.Campaign):
             console.print(f"image {image.tag} ({image.id[:19]}, "
                           f"{image.size / 2**20:.0f} MiB): {how}")
         containers.images[info.env] = image
-        pythons[info.env] = spec.python
-    return pythons, unavailable, containers
-
-
-def prepare_virtualenvs(campaign: planning.Campaign) -> tuple[dict[str, str], dict[str, str]]:
-    """Build (once) or reuse each framework's environments.
-
-    Returns (env name -> python, framework -> why it cannot run here). A framework this
-    machine cannot host at all (EnvUnavailable: e.g. no Python 3.6 for CNTK) is reported and
-    skipped; any other build failure is an error for the whole campaign (EnvBuildError).
-    """
-    pythons, unavailable = {}, {}
-    for info, _ in campaign.frameworks:
-        for name in filter(None, (info.env, info.backend_env)):
-            if name in pythons or info.name in unavailable:
-                continue
-            try:
-                with console.status(f"environment {name} for {info.name} ..."):
-                    pythons[name] = str(ensure_environment(name, log=console.print).python)
-            except EnvUnavailable as error:
-                unavailable[info.name] = str(error)
-                console.print(f"[yellow]{info.name}: cannot run on this machine: {error}[/yellow]")
-    return pythons, unavailable
+        chosen.pythons[info.name] = spec.python
+    return chosen, containers
 
 
 def prepare_data(campaign: planning.Campaign, runs: list[RunConfig]) -> None:
@@ -203,7 +196,7 @@ def unavailable_record(run: RunConfig, error: str, duration: float = 0.0) -> dic
     return record
 
 
-def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign,
+def execute(run: RunConfig, pythons: Interpreters, campaign: planning.Campaign,
             on_progress, cluster=None, containers=None) -> dict:
     """One run, its processes placed by the cluster transport (this machine by default),
     each in its framework's image when `containers` (container_runtime.ContainerImages) is
@@ -212,16 +205,16 @@ def execute(run: RunConfig, pythons: dict[str, str], campaign: planning.Campaign
     info = framework_info(run.framework)
     run_dir = Path(run.rank_dir)
     Path(run.record_path).unlink(missing_ok=True)
-    extra_env = ({"DLC_BACKEND_PYTHON": pythons[info.backend_env]} if info.backend_env else {})
+    python, extra_env = pythons.python(info), pythons.rank_env(info)
     cluster = cluster or LocalCluster()
-    runtime = containers.runtime_for(run, info.env, pythons[info.env]) if containers else None
+    runtime = containers.runtime_for(run, info.env, python) if containers else None
     try:
         placed = cluster.prepare(run)
         sent_before = cluster.traffic()
         runner = getattr(cluster, "run", None) or run_local  # slurm runs through sbatch
         # innermost first: the image runs the command, the node's wrapper places the image
         wrappers = ([runtime.wrap] if runtime else []) + cluster.wrappers(run)
-        outcome = runner(run, pythons[info.env], run_dir, info.rendezvous, REPO_ROOT,
+        outcome = runner(run, python, run_dir, info.rendezvous, REPO_ROOT,
                          campaign.timeout, on_progress, extra_env=extra_env,
                          hosts=cluster.hosts(run), wrappers=wrappers)
         if sent_before:  # bytes each node sent over its link during the run
@@ -366,16 +359,20 @@ def say(text: str) -> None:
         pass
 
 
-def dry_run(campaign: planning.Campaign, runs: list[RunConfig], spec, retry_failed: bool) -> int:
-    """The plan (and on a cluster each node's commands), reading the store if there is one:
-    nothing is written, so a folder without write access will do."""
+def dry_run(campaign: planning.Campaign, runs: list[RunConfig], spec, args) -> int:
+    """The plan (on a cluster each node's commands) and what the campaign will cost, reading
+    the store if there is one: nothing is written, so a folder without write access will do."""
     stored: set[str] = set()
+    frame = pd.DataFrame()
     if (campaign.out / "results.sqlite").exists():
         with ResultStore.for_campaign(campaign.out, read_only=True) as store:
-            stored = store.run_ids(status="ok" if retry_failed else None)
+            stored = store.run_ids(status="ok" if args.retry_failed else None)
+            frame = store.runs_frame()
     print_plan(campaign, runs, stored)
     if spec.kind != "local":
         print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))
+    print_costs(console, campaign, [run for run in runs if run.run_id not in stored], frame,
+                getattr(args, "calibrate", False))
     return 0
 
 
@@ -385,14 +382,14 @@ def run_campaign_cli(args, argv: list[str]) -> int:
         runs = planning.expand(campaign)
         spec = parse_cluster(campaign.cluster)
         if args.dry_run:
-            return dry_run(campaign, runs, spec, args.retry_failed)
+            return dry_run(campaign, runs, spec, args)
         preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
         planning.check_out_dir(campaign.out)
         store = open_campaign(campaign.out, wait=getattr(args, "wait", False),
                               repair=getattr(args, "repair", False), log=note)
     except StoreError as error:
         return fail(error, error.exit_code)
-    except (planning.UsageError, EnvBuildError, ClusterError) as error:
+    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError) as error:
         return fail(error)
     except KeyboardInterrupt:  # while waiting for the folder (--wait)
         say("[yellow]interrupted: nothing was run[/yellow]")
@@ -419,14 +416,14 @@ def run_campaign(campaign: planning.Campaign, runs: list[RunConfig], spec, store
         if calibrating:  # alpha, beta of each transport, where missing
             opened = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
-        for note in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
-                                  for latency in campaign.latencies)):
-            console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
+        for warning in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
+                                     for latency in campaign.latencies)):
+            console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
         records = run_all(campaign, pending, pythons, unavailable, store, cluster, containers)
         if calibrating and records:  # the same again after the runs, pooled (see pool_samples);
             # build_report below re-predicts every run with the pooled fits
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster, pool_since=opened)
-    except (planning.UsageError, EnvBuildError, ClusterError) as error:
+    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError) as error:
         return fail(error)
     except NotStored as error:
         if error.record is not None:  # the last place left to keep it

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from adapters.registry import UnknownFramework, parse_framework_mode
 from core.cli import OneLineParser, fail
-from core.envs import REPO_ROOT, EnvBuildError, ensure_environment, reexec_in_host_env
+from core.envs import REPO_ROOT, EnvBuildError, reexec_in_host_env
+from launchers.interpreters import (InterpreterError, add_python_argument, overrides_or_exit,
+                                    prepare_interpreters)
 
 
 class UsageError(ValueError):
@@ -48,6 +50,7 @@ def parse_args(argv):
                         help="folder to keep the dumps in (default: a temporary one)")
     parser.add_argument("--verbose", action="store_true",
                         help="print every tensor, not only the worst ones")
+    add_python_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -99,6 +102,7 @@ def run_framework(info, mode: str, args, out: Path, python: str,
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    overrides = overrides_or_exit(args.python)
     reexec_in_host_env("launchers.check", argv)
     from analysis.equivalence import LOSS_TOLERANCE, compare_pair  # host env: NumPy
     from models import canonical_weights, get_model  # host env: NumPy
@@ -117,16 +121,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{tolerance:.0e} (relative L2 per tensor)", flush=True)
     folders = {}
     try:
+        try:
+            pythons = prepare_interpreters(frameworks, overrides, log=print, warn=lambda _: None)
+        except (InterpreterError, EnvBuildError) as error:
+            return fail(error)
+        for name, reason in pythons.unavailable.items():  # a check needs every framework it names
+            return fail(f"{name}: cannot run on this machine: {reason}")
         for info, mode in frameworks:
-            try:
-                python = str(ensure_environment(info.env, log=print).python)
-                extra_env = ({"DLC_BACKEND_PYTHON": str(ensure_environment(
-                    info.backend_env, log=print).python)} if info.backend_env else {})
-            except EnvBuildError as error:
-                return fail(error)
             label = f"{info.name}:{mode}"
             try:
-                folders[label] = run_framework(info, mode, args, out, python, extra_env)
+                folders[label] = run_framework(info, mode, args, out, pythons.python(info),
+                                               pythons.rank_env(info))
             except RuntimeError as error:
                 print(f"{label}: run failed: {error}", file=sys.stderr)
                 return 1

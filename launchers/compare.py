@@ -1,6 +1,14 @@
-"""`python -m launchers.compare`: run frameworks x models x topologies, store, report.
+"""`python -m launchers.compare` (`dlcompare run`): run frameworks x models x topologies,
+store, report.
 
     python -m launchers.compare --frameworks torch --model googlenet
+    dlcompare run examples/campaign.yaml --workers 1,2
+
+A campaign can be written as a YAML file: its keys are the flags (``batch-size`` or
+``batch_size``), a list is a sweep (``workers: [1, 2, 4]`` is ``--workers 1,2,4``), ``true``
+sets a switch; flags on the command line override the file.  The file is read after the move
+into the launcher's environment (PyYAML lives there); a file that does not exist is an error
+before anything is built.
 
 The first call builds the launcher's own environment and each framework's environment
 (pinned, cached); later calls reuse them. Every run is appended to the campaign's store as it
@@ -14,18 +22,22 @@ damaged store: what was measured is kept in its run folder and stored by the nex
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from core.cli import OneLineParser
+from core.cli import EXIT_USAGE, OneLineParser, error_line, fail
 from core.envs import reexec_in_host_env
+from launchers.interpreters import add_python_argument, overrides_or_exit
 
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m launchers.compare") -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m launchers.compare",
+        prog=prog,
         description="Compare deep-learning frameworks and gradient-aggregation schemes "
                     "training the same CNN. Every default is shown in the plan printed first.")
+    parser.add_argument("campaign", nargs="?", default=None, metavar="CAMPAIGN.yaml",
+                        help="campaign file: keys are the flags below, lists are sweeps; "
+                             "flags given here override it (see examples/campaign.yaml)")
     parser.add_argument("--frameworks", default="torch",
                         help="comma list of FRAMEWORK[:MODE], e.g. torch or tf:collective,tf:ps "
                              "(default: %(default)s)")
@@ -81,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="local: each framework's virtualenv; container: every rank inside "
                              "its framework's image (python -m launchers.images, built when "
                              "missing), the image digest recorded (default: %(default)s)")
+    add_python_argument(parser)
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (on a GPU without TF32 math), tf32, or bfloat16 (mixed "
+                             "precision), where the framework has it (default: %(default)s)")
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="adapter option for every run, repeatable: cudnn_benchmark=false, "
+                             "pinned=false, share_gpu=true (ranks share one GPU), bucket_mb=N, ...")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run again the runs stored as failed or timeout")
     parser.add_argument("--calibrate", action="store_true",
@@ -100,10 +119,75 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+class CampaignFileError(ValueError):
+    """A campaign file that cannot be read or names what is not a flag; one line."""
+
+
+def file_arguments(parser: argparse.ArgumentParser, path: str, document) -> list[str]:
+    """The flags a loaded campaign file stands for, as command-line arguments."""
+    if document is None:
+        return []
+    if not isinstance(document, dict):
+        raise CampaignFileError(f"{path}: expected keys and values (FLAG: VALUE), got {type(document).__name__}")
+    options = {action.dest: action for action in parser._actions
+               if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help"}
+    arguments = []
+    for key, value in document.items():
+        action = options.get(str(key).replace("-", "_"))
+        if action is None:
+            known = ", ".join(sorted(name.replace("_", "-") for name in options))
+            raise CampaignFileError(f"{path}: unknown key {key!r} (known: {known})")
+        flag = action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise CampaignFileError(f"{path}: {key} is a switch: true or false, not {value!r}")
+            arguments += [flag] if value else []
+        elif isinstance(value, dict) or value is None:
+            raise CampaignFileError(f"{path}: {key} needs a value or a list of values")
+        else:
+            values = value if isinstance(value, list) else [value]
+            arguments += [flag, ",".join(str(v) for v in values)]
+    return arguments
+
+
+def load_campaign_file(path: str) -> object:
+    """The YAML document of a campaign file (PyYAML: in the launcher's environment)."""
+    import yaml  # the launcher's environment has it; the stdlib parse before the re-exec does not
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except OSError as error:
+        raise CampaignFileError(f"cannot read campaign file {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise CampaignFileError(f"{path}{where}: not valid YAML: {getattr(error, 'problem', error)}") from None
+
+
+def parse_with_file(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments with the campaign file's flags first, so that the command line wins."""
+    args = parser.parse_args(argv)
+    if args.campaign is None:
+        return args
+    try:
+        from_file = file_arguments(parser, args.campaign, load_campaign_file(args.campaign))
+    except CampaignFileError as error:
+        parser.exit(EXIT_USAGE, error_line(error) + "\n")
+    checked = build_parser(parser.prog)  # a bad value in the file is reported with the file's name
+    checked.error = lambda message: checked.exit(EXIT_USAGE, error_line(f"{args.campaign}: {message}") + "\n")
+    checked.parse_args(from_file)
+    return parser.parse_args([*from_file, *argv])
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m launchers.compare") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)  # usage errors before any environment is built
+    args = build_parser(prog).parse_args(argv)  # usage errors before any environment is built
+    if args.campaign is not None and not os.path.isfile(args.campaign):
+        return fail(f"campaign file {args.campaign} does not exist")
+    overrides_or_exit(args.python)
     reexec_in_host_env("launchers.compare", argv)
+    args = parse_with_file(build_parser(prog), argv)
     from launchers.campaign import run_campaign_cli  # after the re-exec: pandas, rich, the adapters' records
 
     return run_campaign_cli(args, argv)

@@ -31,6 +31,29 @@ DEFAULT_BATCH = {
 }
 DEFAULT_TINY_BATCH = 16
 
+# Precisions a campaign may ask for (--dtype): float32 (on a GPU without TF32 math), tf32
+# (float32 storage, TF32 tensor-core math), bfloat16 (mixed precision: bfloat16 compute,
+# float32 weights). An adapter that cannot run one reports the run as unavailable.
+DTYPES = ("float32", "tf32", "bfloat16")
+
+# Adapter options a campaign may set (--option KEY=VALUE): each adapter reads those it knows
+# and records what it used; a key not listed here is a typo, not a silent no-op.
+ADAPTER_OPTIONS: dict[str, str] = {
+    "cudnn_benchmark": "PyTorch on a GPU: cuDNN autotuning (true, the default, or false)",
+    "pinned": "PyTorch on a GPU: batches copied from page-locked memory (true, the default) "
+              "or from pageable memory (false)",
+    "share_gpu": "PyTorch: more ranks than GPUs share them (over gloo: NCCL refuses two ranks "
+                 "on one GPU)",
+    "bucket_mb": "PyTorch DDP: gradient bucket size in MB (25)",
+    "fusion_mb": "Horovod: tensor fusion buffer in MB",
+    "cycle_ms": "Horovod: background cycle in ms",
+    "xla": "TensorFlow: XLA compilation",
+    "bytes_per_pack": "TensorFlow collective: bytes per gradient pack",
+    "ps_strategy": "TensorFlow ps: variable placement",
+    "inter_op_threads": "TensorFlow: inter-op threads",
+    "mxnet_bn_running_var": "MXNet: 'biased' keeps MXNet's own batch-norm running variance",
+}
+
 
 class UsageError(ValueError):
     """Bad input; main() prints it as one line and exits with code 2."""
@@ -100,6 +123,54 @@ def default_batch(model: str, device: str) -> int:
     return DEFAULT_BATCH[device].get(model, DEFAULT_TINY_BATCH)
 
 
+def parse_batch_sizes(text: str | None, models: list[str]) -> list[int] | dict[str, list[int]] | None:
+    """--batch-size: a comma list for every model ('32,64'), or per model
+    ('alexnet=1024,googlenet=128'; a model not named keeps its default); None when not given."""
+    if text is None:
+        return None
+    entries = list_items(text, "--batch-size")
+    if not any("=" in entry for entry in entries):
+        return positive_ints(text, "--batch-size")
+    per_model: dict[str, list[int]] = {}
+    for entry in entries:
+        model, sep, number = entry.partition("=")
+        if not sep:
+            raise UsageError(f"--batch-size mixes a plain {entry!r} with MODEL=N entries: give "
+                             "one list for every model, or MODEL=N for each")
+        if model.strip() not in models:
+            raise UsageError(f"--batch-size names {model.strip()!r}, which --model does not run")
+        per_model.setdefault(model.strip(), []).extend(
+            positive_ints(number, f"--batch-size {model.strip()}"))
+    return {model: sorted(set(values)) for model, values in per_model.items()}
+
+
+def parse_options(items: list[str] | None) -> dict:
+    """--option KEY=VALUE (repeatable, or a comma list): adapter options for every run, the
+    value read as JSON where it is JSON (true, 25, 0.5), else as text."""
+    options = {}
+    for item in (part.strip() for text in items or () for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip():
+            raise UsageError(f"--option takes KEY=VALUE, got {item!r}")
+        if key.strip() not in ADAPTER_OPTIONS:
+            raise UsageError(f"--option: unknown key {key.strip()!r} (known: "
+                             f"{', '.join(sorted(ADAPTER_OPTIONS))}; the layout is --channels-last)")
+        try:
+            options[key.strip()] = json.loads(value.strip())
+        except json.JSONDecodeError:
+            options[key.strip()] = value.strip()
+    return options
+
+
+def parse_dtype(text: str | None) -> str:
+    dtype = (text or "float32").strip()
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return dtype
+
+
 def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
     entries = list_items(text, "--frameworks")
     try:
@@ -140,7 +211,8 @@ class Campaign:
     workers: list[int]
     nodes: list[int]
     servers: list[int]
-    batch_sizes: list[int] | None  # None: per model, DEFAULT_BATCH
+    # a list for every model, a list per model (others: DEFAULT_BATCH), or None: DEFAULT_BATCH
+    batch_sizes: list[int] | dict[str, list[int]] | None
     iterations: int
     warmup: int
     repeats: int
@@ -160,8 +232,13 @@ class Campaign:
     bandwidths: list[str | None] = field(default_factory=lambda: [None])  # emulated links
     latencies: list[str | None] = field(default_factory=lambda: [None])
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    dtype: str = "float32"  # DTYPES
+    options: dict = field(default_factory=dict)  # --option: ADAPTER_OPTIONS for every run
+    python: dict[str, str] = field(default_factory=dict)  # framework -> interpreter (--python)
 
     def batches_for(self, model: str) -> list[int]:
+        if isinstance(self.batch_sizes, dict):
+            return self.batch_sizes.get(model) or [default_batch(model, self.device)]
         return self.batch_sizes or [default_batch(model, self.device)]
 
     def threads_per_worker(self, workers_per_node: int) -> int:
@@ -267,9 +344,11 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
         # emulated nodes share this machine's cores: every worker of the run gets its share
         threads_per_worker=campaign.threads_per_worker(
             workers * (nodes if campaign.cluster == "emulated" else 1)),
-        options={"channels_last": campaign.channels_last},
+        options={"channels_last": campaign.channels_last, **campaign.options},
         layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
     )
+    if campaign.dtype != "float32":  # float32 runs keep the identities they always had
+        measured["dtype"] = campaign.dtype
     # Where the nodes are and what runs the ranks change what is measured; local runs on the
     # host keep the identities they had before transports and runtimes existed (stored
     # campaigns still resume).
@@ -299,9 +378,12 @@ def check_batch_fits(campaign: Campaign) -> None:
     if campaign.device == "gpu":
         gpus = gpu_count()
         too_many = [w for w in campaign.workers if w > gpus]
-        if too_many:
+        if too_many and not campaign.options.get("share_gpu"):
             raise UsageError(f"--workers {too_many[0]} needs {too_many[0]} GPUs per node; "
-                             f"this machine has {gpus}")
+                             f"this machine has {gpus} ({SHARE_GPU_HINT})")
+
+
+SHARE_GPU_HINT = "--option share_gpu=true runs several ranks on one GPU, over gloo"
 
 
 def check_out_dir(out: Path) -> None:

@@ -1,5 +1,9 @@
-"""The report renders in a real headless Chromium: no console errors, every image decodes.
+"""The report in a real headless Chromium: no console errors, every image decodes, the verdict
+comes first, scaling keeps 1 node × 2 workers and 2 nodes × 1 worker apart, a scheme has the
+same colour in two campaigns with different schemes (in the pixels, not only in the page's
+data), and every figure opens full size on click.
 
+The campaigns are synthetic records written into real stores (fast); the browser is real.
 Uses the system Chromium (Debian package ``chromium``) through Playwright's Python API;
 ``playwright install`` is never run, since nothing can be downloaded.  Without
 /usr/bin/chromium the test is skipped locally but FAILS under CI (env var CI set), so
@@ -9,6 +13,7 @@ the screenshot is also kept as tests/artifacts/report.png.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +22,7 @@ import pytest
 
 from analysis import figures, report
 from tests.test_analysis_data import make_campaign
+from tests.test_analysis_figures import topology_records
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -24,6 +30,29 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 pytestmark = pytest.mark.slow  # starts a browser
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "report.png"
+CAMPAIGN_A = (("PyTorch DDP", "torch", "ddp"), ("CNTK-style", "cntk-style", "allreduce"))
+CAMPAIGN_B = (("MXNet", "mxnet", "dist_sync"), ("Horovod", "horovod", "gloo"), ("PyTorch DDP", "torch", "ddp"))
+
+# Whether an image, drawn on a canvas, has a pixel of exactly this colour.
+HAS_COLOUR = """([img, hex]) => {
+  const canvas = document.createElement('canvas');
+  canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+  const context = canvas.getContext('2d');
+  context.drawImage(img, 0, 0);
+  const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+  const [r, g, b] = [1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16));
+  for (let i = 0; i < data.length; i += 4) {
+    if (data[i] === r && data[i + 1] === g && data[i + 2] === b) return true;
+  }
+  return false;
+}"""
+
+# The figure's state: whether its overlay is up (fixed) and the image's drawn width.
+ZOOM_STATE = """figure => {
+  const label = figure.querySelector('label'), img = figure.querySelector('img');
+  return {position: getComputedStyle(label).position, width: img.getBoundingClientRect().width,
+          natural: img.naturalWidth, checked: figure.querySelector('input.zoom').checked};
+}"""
 
 
 def _under_ci() -> bool:
@@ -47,39 +76,84 @@ def _require_browser():
     pytest.skip(problem)
 
 
-def test_report_renders_in_headless_chromium(tmp_path):
-    sync_playwright = _require_browser()
-    out = make_campaign(tmp_path / "campaign")
-    page_path = report.build_report(out)
+def series_of(page, name: str) -> dict[str, dict]:
+    found = json.loads(page.get_attribute(f"#figure-{name}", "data-series"))
+    return {s["name"]: s for s in found}
 
+
+def test_report_in_headless_chromium(tmp_path):
+    sync_playwright = _require_browser()
+    pages = {name: report.build_report(make_campaign(tmp_path / name, topology_records(schemes)))
+             for name, schemes in (("a", CAMPAIGN_A), ("b", CAMPAIGN_B))}
     console_errors, page_errors, failed_requests = [], [], []
+    seen = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("console", lambda msg: console_errors.append(msg.text) if msg.type == "error" else None)
-            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.on("requestfailed", lambda req: failed_requests.append(req.url[:120]))
-            page.goto(page_path.as_uri(), wait_until="load")
-            images = page.eval_on_selector_all(
-                "img", "imgs => imgs.map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))")
-            title = page.title()
-            headings = page.eval_on_selector_all("h2", "hs => hs.map(h => h.textContent)")
-            shot = tmp_path / "report.png"
-            page.screenshot(path=str(shot), full_page=True)
+            for name, page_path in pages.items():
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.on("console", lambda msg: console_errors.append(msg.text) if msg.type == "error" else None)
+                page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+                page.on("requestfailed", lambda req: failed_requests.append(req.url[:120]))
+                page.goto(page_path.as_uri(), wait_until="load")
+                seen[name] = inspect(page, tmp_path / f"{name}.png")
+                page.close()
         finally:
             browser.close()
 
     if os.environ.get("DLCOMPARE_ARTIFACTS"):
         ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, ARTIFACT)
+        shutil.copyfile(tmp_path / "a.png", ARTIFACT)
 
     assert console_errors == [], console_errors
     assert page_errors == [], page_errors
     assert failed_requests == [], failed_requests
-    assert len(images) == len(set(figures.FIGURES) - figures.OPTIONAL_FIGURES)
-    for image in images:
-        assert image["complete"] and image["width"] > 0, image
-    assert "dlcompare report" in title
-    assert {"How to read this", "Failures", "Environment"} <= set(headings)
-    assert shot.stat().st_size > 10_000
+    a, b = seen["a"], seen["b"]
+    # the verdict is the first section, with a headline per topology
+    assert a["headings"][0] == "Verdict" and {"How to read this", "Failures", "Environment"} <= set(a["headings"])
+    assert a["verdict_titles"] == ["alexnet · 1 node × 1 worker · batch 16/worker · Intel Xeon Platinum 8375C",
+                                   "alexnet · 1 node × 2 workers · batch 16/worker · Intel Xeon Platinum 8375C",
+                                   "alexnet · 2 nodes × 1 worker · batch 16/worker · Intel Xeon Platinum 8375C"]
+    assert a["headlines"][1].startswith("PyTorch DDP is fastest")
+    # scaling: 1x2 and 2x1 are points of two different series
+    one_node, two_nodes = a["scaling"]["PyTorch DDP · 1 node"], a["scaling"]["PyTorch DDP · 2 nodes"]
+    assert [x for x, _ in one_node["points"]] == [1, 2] and [x for x, _ in two_nodes["points"]] == [2]
+    assert one_node["points"][1][1] != pytest.approx(two_nodes["points"][0][1])
+    # one colour for PyTorch DDP in both campaigns, and it is in both pictures
+    assert a["ddp_colour"] == b["ddp_colour"]
+    assert a["ddp_drawn"] and b["ddp_drawn"]
+    assert a["mxnet_colour"] is None and b["mxnet_colour"] not in (None, a["ddp_colour"])
+    # every figure decodes and opens full size on click, and closes on the next
+    expected = set(figures.FIGURES) - figures.OPTIONAL_FIGURES
+    for found in (a, b):
+        assert set(found["zoom"]) == expected
+        for name, (before, opened, closed) in found["zoom"].items():
+            assert before["natural"] > 0 and before["position"] != "fixed", name
+            assert opened["position"] == "fixed" and opened["checked"], name
+            assert opened["width"] == pytest.approx(opened["natural"] + 2, abs=1), name  # + its border
+            assert closed["position"] != "fixed" and not closed["checked"], name
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+
+
+def inspect(page, shot: Path) -> dict:
+    """What the test checks on one report page."""
+    found = {"headings": page.eval_on_selector_all("h2", "hs => hs.map(h => h.textContent)"),
+             "verdict_titles": page.eval_on_selector_all("#verdict h3", "hs => hs.map(h => h.textContent)"),
+             "headlines": page.eval_on_selector_all("#verdict p.headline", "ps => ps.map(p => p.textContent)"),
+             "scaling": series_of(page, "scaling")}
+    page.screenshot(path=str(shot), full_page=True)
+    colours = {s["name"].split(" · ")[0]: s["colour"] for s in series_of(page, "throughput").values()}
+    found["ddp_colour"] = colours.get("PyTorch DDP")
+    found["mxnet_colour"] = colours.get("MXNet (dist_sync)")
+    found["ddp_drawn"] = page.evaluate(HAS_COLOUR, [page.query_selector("#figure-throughput img"),
+                                                    found["ddp_colour"]])
+    found["zoom"] = {}
+    for figure in page.query_selector_all("figure"):
+        name = figure.get_attribute("id").removeprefix("figure-")
+        before = figure.evaluate(ZOOM_STATE)
+        figure.query_selector("img").click()
+        opened = figure.evaluate(ZOOM_STATE)
+        page.mouse.click(5, 5)  # the overlay covers the page: a click anywhere closes it
+        closed = figure.evaluate(ZOOM_STATE)
+        found["zoom"][name] = (before, opened, closed)
+    return found

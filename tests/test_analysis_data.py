@@ -43,6 +43,17 @@ def _phases(t_iter: float, world_size: int) -> list[dict]:
     return entries
 
 
+# alexnet's layers with parameters in backward order, and the share of backward each takes
+LAYER_SHARES = (("fc8", 0.05), ("fc7", 0.1), ("fc6", 0.15), ("conv5", 0.1), ("conv4", 0.15), ("conv3", 0.15),
+                ("conv2", 0.2), ("conv1", 0.1))
+
+
+def layer_backward(phases: list[dict]) -> list[list]:
+    """The record's ``layer_backward_s``: the measured backward split over the layers."""
+    backward = next(p["measured_s"] for p in phases if p["phase"] == "backward")
+    return [[name, backward * share] for name, share in LAYER_SHARES]
+
+
 def make_record(label: str, framework: str, mode: str, world_size: int, t_iter: float,
                 campaign: str = "test-campaign", **overrides) -> dict:
     """One successful record filled with plausible numbers around median `t_iter`."""
@@ -54,7 +65,8 @@ def make_record(label: str, framework: str, mode: str, world_size: int, t_iter: 
         device_kind="cpu", device_name="Intel Xeon Platinum 8375C", nodes=1,
         workers_per_node=world_size, world_size=world_size, batch_per_worker=BATCH,
         global_batch=BATCH * world_size, scaling="weak", dtype="float32", layout="NCHW",
-        data="synthetic", warmup=5, iterations=20, repeats=5, threads_per_worker=1,
+        data="synthetic", warmup=5, iterations=20, repeats=5, threads_per_worker=1, cpu_cores=2,
+        ranks_per_host=world_size, oversubscribed=0, load_avg_start=0.4, load_avg_end=1.2, other_load=0.05,
         iter_time_median=t_iter, iter_time_p10=t_iter * 0.95, iter_time_p90=t_iter * 1.08,
         iter_time_std=t_iter * 0.04, throughput=BATCH * world_size / t_iter,
         throughput_per_worker=BATCH / t_iter, profile_iter_time=t_iter * 1.05,
@@ -68,7 +80,8 @@ def make_record(label: str, framework: str, mode: str, world_size: int, t_iter: 
     record["env"] = {"python": "3.11.9", "platform": "Linux-6.1.0-x86_64-with-glibc2.36",
                      "cpu": "Intel Xeon Platinum 8375C", "cpu_count": 2, "numpy": "2.4.6",
                      framework: "2.3.0" if framework == "torch" else "1.9.1", f"{framework}_threads": "1"}
-    record["extra"] = {"threads": 1, "backend": {"name": "gloo", "bucket_mb": 25}}
+    record["extra"] = {"threads": 1, "backend": {"name": "gloo", "bucket_mb": 25},
+                       "layer_backward_s": layer_backward(record["phases"]), "layer_backward_source": "flop-share"}
     record.update(overrides)
     return record
 

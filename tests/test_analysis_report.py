@@ -191,7 +191,7 @@ def render(table, width=80) -> str:
 
 def test_summary_table(frame):
     table = summary.summary_table(frame)
-    assert len(table.columns) == 10 and table.row_count == 5
+    assert len(table.columns) == 9 and table.row_count == 5
     text = render(table, width=120)
     assert "PyTorch DDP" in text and "1.60" in text and "0.80" in text and "failed" in text
     assert "125.0 [118.8–135.0]" in text

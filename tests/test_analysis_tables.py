@@ -102,12 +102,15 @@ def test_throughput_is_derived_when_the_worker_did_not_report_it(tmp_path):
 
 def test_phase_table(frame):
     table = tables.phase_table(frame)
-    for column in ("io_s", "h2d_s", "forward_s", "backward_s", "comm_s", "update_s", "overlap", "phase_sum_s"):
+    for column in ("io_ms", "h2d_ms", "forward_ms", "backward_ms", "comm_ms", "update_ms", "overlap", "phase_sum_ms",
+                   "profile_iter_ms", "iter_ms"):
         assert column in table.columns
+    assert not [c for c in table.columns if c.endswith("_s")]  # one unit: milliseconds
     got = row(table, "PyTorch DDP", 2)
-    assert got["comm_s"] == pytest.approx(0.3 * 0.125)
+    assert got["comm_ms"] == pytest.approx(0.3 * 0.125 * 1e3)
     assert got["overlap"] == pytest.approx(0.5)
-    assert got["comm_pred_s"] == pytest.approx(1.1 * 0.3 * 0.125)
+    assert got["comm_pred_ms"] == pytest.approx(1.1 * 0.3 * 0.125 * 1e3)
+    assert got["iter_ms"] == pytest.approx(125.0) and got["profile_iter_ms"] == pytest.approx(125.0 * 1.05)
 
 
 def test_failures_table_lists_error_last_line(frame):
@@ -144,7 +147,7 @@ def test_write_tables_markdown_and_csv(frame, tmp_path):
     csv = pd.read_csv(written["scaling"].csv)
     assert list(csv.columns) == tables.SCALING_COLUMNS
     assert list(pd.read_csv(written["throughput"].csv).columns) == tables.THROUGHPUT_COLUMNS
-    assert {"io_s", "comm_s", "overlap"} <= set(pd.read_csv(written["phases"].csv).columns)
+    assert {"io_ms", "comm_ms", "overlap"} <= set(pd.read_csv(written["phases"].csv).columns)
     md = written["scaling"].markdown.read_text()
     header = next(line for line in md.splitlines() if line.startswith("| model"))
     assert "speedup" in header and "efficiency" in header and "1.600" in md

@@ -405,6 +405,7 @@ def test_closing_calibration_finds_the_one_before_by_the_stores_whole_key(tmp_pa
     1-server one is (it goes on, here to a one-line failure: no environment given)."""
     from adapters.registry import framework_info
     from launchers.calibration_runs import calibrate_one
+    from launchers.interpreters import Interpreters
 
     points = synthetic_points(pm.LinkCost(alpha=250e-6, beta=1e-9), 2, random.Random(2), sigma=0.02, outliers=0.0)
     settings = {"servers": 1, "device": "cpu", "out": tmp_path, "sizes": SIZES, "repeats": 10, "warmup": 1,
@@ -416,7 +417,7 @@ def test_closing_calibration_finds_the_one_before_by_the_stores_whole_key(tmp_pa
                                       collective="pushpull", algorithm="ps", device_kind="cpu", nodes=1,
                                       workers_per_node=2, servers=servers)
             store.add_calibration(fit, points, measured_at="2026-12-03T10:00:00+00:00")
-            return calibrate_one(settings, {}, store, Console(quiet=True), False, None, framework_info("mxnet"),
+            return calibrate_one(settings, Interpreters(), store, Console(quiet=True), False, None, framework_info("mxnet"),
                                  "dist_sync", 1, 2, None, None, pool_since="2026-12-03T09:00:00+00:00")
 
     assert close(servers=2) == []

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from analysis.units import parse_bandwidth, parse_latency
+from core.cli import OneLineParser
 from launchers.cluster import ClusterError
 from launchers.local import start_reaper, stop_reaper, wait_for_owner
 from launchers.rendezvous import Host
@@ -458,18 +459,23 @@ def reap(owner: int) -> int:
 
 def main(argv: list[str]) -> int:
     """`python -m launchers.cluster.emulated sweep|reap PID|list`."""
-    if argv[:1] == ["reap"] and len(argv) == 2:
-        return reap(int(argv[1]))
-    if argv[:1] == ["sweep"]:
+    parser = OneLineParser(prog="python -m launchers.cluster.emulated",
+                           description="What emulated clusters left on this host.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("sweep", help="remove every leftover of a dead campaign")
+    sub.add_parser("list", help="list namespaces, links and bridges of emulated clusters")
+    reaper = sub.add_parser("reap", help="(internal) remove what campaign PID made once it ends")
+    reaper.add_argument("pid", type=int)
+    args = parser.parse_args(argv)
+    if args.action == "reap":
+        return reap(args.pid)
+    if args.action == "sweep":
         names = sweep(log=print)
         print(f"removed {len(names)} leftover(s)")
         return 0
-    if argv[:1] == ["list"]:
-        for key, names in leftovers().items():
-            print(key, " ".join(names))
-        return 0
-    print("usage: python -m launchers.cluster.emulated sweep | list | reap PID", file=sys.stderr)
-    return 2
+    for key, names in leftovers().items():
+        print(key, " ".join(names))
+    return 0
 
 
 if __name__ == "__main__":

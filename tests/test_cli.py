@@ -1,0 +1,125 @@
+"""The `dlcompare` command: installed by `pip install -e .` into a fresh virtualenv, its
+subcommands, campaign files, and what `--dry-run` says a campaign costs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from launchers import compare, dryrun
+from launchers import plan as planning
+from tests.conftest import REPO_ROOT, run_cli
+
+EXAMPLE = REPO_ROOT / "examples" / "campaign.yaml"
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dlcompare: error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.slow  # a virtualenv, pip and the launcher's own environment
+def test_pip_install_e_gives_a_dlcompare_command_that_dry_runs_the_example(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # a fresh interpreter, not the test's: the bootstrap into the launcher's environment is real
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DLCOMPARE_HOST_ENV", "DLCOMPARE_NO_BOOTSTRAP", "PYTHONPATH", "VIRTUAL_ENV")}
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-e", str(REPO_ROOT)], env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    dlcompare = str(venv / "bin" / "dlcompare")
+    result = subprocess.run([dlcompare, "run", "--dry-run", "examples/campaign.yaml", "--out", str(tmp_path / "c")],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Plan: 6 runs" in result.stderr and "Estimated duration: 6 runs to run" in result.stderr
+    assert not (tmp_path / "c").exists()  # a dry run stores nothing
+    helped = subprocess.run([dlcompare, "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and all(name in helped.stdout for name in ("run", "report", "predict"))
+    one_error_line(subprocess.run([dlcompare, "bogus"], env=env, capture_output=True, text=True, timeout=60))
+
+
+def test_every_subcommand_is_its_module():
+    assert "googlenet-tiny" in run_cli("launchers.cli", "models", "list").stdout
+    assert run_cli("launchers.cli", "run", "--help").stdout.startswith("usage: dlcompare run")
+    for command in ("report", "summary"):
+        assert "results.sqlite" in one_error_line(run_cli("launchers.cli", command, "/nonexistent/campaign"))
+    assert "--from" in one_error_line(run_cli("launchers.cli", "predict", "--model", "alexnet"))
+    assert "COMMAND" in one_error_line(run_cli("launchers.cli"))
+
+
+def test_campaign_file_keys_are_flags_and_lists_are_sweeps():
+    parser = compare.build_parser()
+    document = {"frameworks": ["torch", "tf:ps"], "workers": [1, 2], "batch_size": 16, "batch-size": 8,
+                "calibrate": True, "no-dropout": False}
+    assert compare.file_arguments(parser, "c.yaml", document) == [
+        "--frameworks", "torch,tf:ps", "--workers", "1,2", "--batch-size", "16", "--batch-size", "8", "--calibrate"]
+    for bad, said in (({"bogus": 1}, "unknown key 'bogus'"), ({"calibrate": "yes"}, "is a switch"),
+                      ({"workers": {"a": 1}}, "needs a value"), ([1, 2], "expected keys and values")):
+        with pytest.raises(compare.CampaignFileError, match=said):
+            compare.file_arguments(parser, "c.yaml", bad)
+
+
+def test_flags_on_the_command_line_override_the_file(tmp_path):
+    result = run_cli("launchers.compare", str(EXAMPLE), "--dry-run", "--workers", "1,2,4", "--out", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Plan: 9 runs" in result.stderr  # three schemes x three worker counts
+    assert "googlenet-tiny" in result.stderr  # the rest from the file
+
+
+@pytest.mark.parametrize("text,said", [("bogus: 1\n", "unknown key 'bogus'"),
+                                       ("iterations: many\n", "argument --iterations: invalid int value"),
+                                       ("frameworks: [torch\n", "not valid YAML")])
+def test_a_bad_campaign_file_is_one_line_naming_it(tmp_path, text, said):
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text)
+    line = one_error_line(run_cli("launchers.compare", str(path), "--dry-run"))
+    assert str(path) in line and said in line
+
+
+def test_a_missing_campaign_file_is_one_line():
+    assert "does not exist" in one_error_line(run_cli("launchers.compare", "/nonexistent.yaml"))
+
+
+def campaign_of(**settings) -> planning.Campaign:
+    defaults = dict(frameworks=planning.parse_frameworks("torch,cntk-style"), models=["alexnet-tiny"],
+                    workers=[1, 2], nodes=[1], servers=[1], batch_sizes=[16], iterations=10, warmup=3, repeats=3,
+                    profile_iterations=3, data="synthetic", device="cpu", out=Path("/tmp/unused"), timeout=60,
+                    channels_last=False, dropout=True, seed=0, loader_workers=0, cpus=2)
+    return planning.Campaign(**{**defaults, **settings})
+
+
+def test_dry_run_names_environments_to_build_with_their_measured_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLCOMPARE_HOME", str(tmp_path))  # nothing built there
+    rows = dryrun.environment_rows(campaign_of())
+    assert rows == [("torch", "missing: built first", dryrun.ENV_BUILD_S["torch"])]
+
+
+def test_duration_from_the_measured_defaults_by_hand():
+    run = planning.expand(campaign_of())[1]  # torch, 1 node x 2 workers: 1 thread each
+    assert (run.workers_per_node, run.threads_per_worker) == (2, 1)
+    steps = 3 + 10 * 3 + 3 * 3
+    expected = dryrun.STARTUP_S["torch"] + steps * dryrun.STEP_S_PER_SAMPLE["alexnet-tiny"] * 16
+    assert dryrun.estimate_run(run, pd.DataFrame()) == (pytest.approx(expected), "defaults")
+    gpu = planning.expand(campaign_of(device="gpu"))[0]
+    assert dryrun.estimate_run(gpu, pd.DataFrame()) == (None, "unknown")
+
+
+def test_duration_from_a_stored_run_of_the_same_configuration():
+    run = planning.expand(campaign_of())[0]
+    stored = pd.DataFrame([{"framework": "torch", "mode": "ddp", "model": "alexnet-tiny", "batch_per_worker": 16,
+                            "nodes": 1, "workers_per_node": 1, "world_size": 1, "iter_time_median": 0.02,
+                            "warmup": 1, "iterations": 5, "repeats": 2, "duration_s": 5.22, "status": "ok",
+                            "threads_per_worker": 2}])
+    seconds, source = dryrun.estimate_run(run, stored)
+    # its start-up: 5.22 s - 11 steps x 20 ms = 5.0 s; then this run's 42 steps at 20 ms
+    assert source == "stored" and seconds == pytest.approx(5.0 + 42 * 0.02)
+    total, sources = dryrun.estimate(planning.expand(campaign_of()), stored)
+    assert sources == {"stored": 4, "defaults": 0, "unknown": 0}  # the others scale its iteration time

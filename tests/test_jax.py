@@ -1,0 +1,81 @@
+"""The JAX adapter through the real worker and launchers, in its own environment (envs/jax.txt):
+the same loss, gradients and step as PyTorch from the same weights, both layouts, 2 processes
+(jax.distributed, gloo) equal to one on the global batch, learning, a record with phases and a
+prediction, and a calibration through its own pmean."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import (assert_ranks_equal_one_process, calibration_run, check_run, load,
+                            overlap_run, run_cli)
+
+
+@pytest.fixture(scope="session")
+def jax_python() -> str:
+    """The JAX environment's interpreter, built from envs/jax.txt on first use."""
+    from core.envs import ensure_environment
+
+    return str(ensure_environment("jax", log=print).python)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny", "resnet50-tiny"])
+def test_same_loss_gradients_and_step_as_pytorch(model, jax_python, torch_python):
+    """launchers.check: loss, every gradient and the one-step update (batch-norm statistics
+    included) within the tolerances of analysis/equivalence.py."""
+    result = run_cli("launchers.check", "--frameworks", "torch,jax", "--model", model)
+    print(result.stdout[-1500:])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"PASS: {model}" in result.stdout
+
+
+@pytest.mark.slow
+def test_channels_last_gives_the_same_numbers(tmp_path, jax_python):
+    """NHWC activations (options channels_last) against the canonical NCHW: the same loss and
+    gradients on the same batch, to float32 rounding."""
+    nchw = check_run(tmp_path / "nchw", jax_python, "jax", "googlenet-tiny", batch=2)
+    nhwc = check_run(tmp_path / "nhwc", jax_python, "jax", "googlenet-tiny", batch=2,
+                     options={"channels_last": True})
+    a, b = load(nchw / "grads_rank0.npz"), load(nhwc / "grads_rank0.npz")
+    assert a.keys() == b.keys() and len(a) > 100
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-6, err_msg=name)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_on_the_global_batch(tmp_path, jax_python):
+    two = check_run(tmp_path, jax_python, "jax", "googlenet-tiny", workers=2, batch=4)
+    one = check_run(tmp_path, jax_python, "jax", "googlenet-tiny", workers=1, batch=8)
+    assert_ranks_equal_one_process(two, one, "googlenet-tiny")
+
+
+@pytest.mark.slow
+def test_a_few_steps_reduce_the_loss(tmp_path, jax_python):
+    out = check_run(tmp_path, jax_python, "jax", "resnet50-tiny", batch=16, steps=8)
+    losses = json.loads((out / "loss_rank0.json").read_text())
+    print(losses)
+    assert losses["after"] < 0.9 * losses["before"]
+
+
+@pytest.mark.slow
+def test_two_rank_record_has_phases_scheme_and_no_overlap(tmp_path, jax_python):
+    """A 2-process run's record: every phase measured, the pmean after backward (its scheme
+    sends nothing during backward, so the two profile kinds hide little of it)."""
+    record = overlap_run(tmp_path / "overlap", jax_python, "jax", model="alexnet-tiny", batch=8)
+    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
+    assert set(phases) >= {"io", "h2d", "forward", "backward", "comm", "update"}
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["comm"] > 0
+    scheme = record["extra"]["comm_scheme"]
+    assert scheme["overlap"] is False and scheme["transport"] == "gloo"
+    assert scheme["granularity"] == "whole"
+    assert record["overlap"] is not None and record["overlap"] < 0.5
+
+
+@pytest.mark.slow
+def test_calibration_times_its_own_pmean(tmp_path, jax_python):
+    times = calibration_run(tmp_path / "calibrate", jax_python, "jax", "allreduce")
+    assert min(times[4 * 2 ** 20]) > min(times[4096])
