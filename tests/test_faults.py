@@ -550,6 +550,58 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
         kill_tree(campaign)
 
 
+# A launcher that starts its reaper and one container labelled with its pid, then waits.
+LABELLING_LAUNCHER = """
+import os, subprocess, sys, time
+from launchers.container_runtime import OWNER_LABEL
+from launchers.engine import find_engine
+from launchers.local import start_reaper
+engine = find_engine(install=False)
+start_reaper("launchers.container_runtime", str(os.getpid()), engine.name, engine.path, env=engine.env)
+subprocess.run(engine.command("run", "-d", *engine.pull_flag(), "--label", f"{OWNER_LABEL}={os.getpid()}",
+                              sys.argv[1], "/bin/sleep", "600"), env=engine.process_env(), check=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_container_reaper_removes_the_containers_of_a_killed_launcher(tmp_path):
+    """The reaper with the real engine and a one-binary image (a static busybox): the
+    launcher is SIGKILLed while its container runs; the container goes all the same."""
+    from launchers.container_runtime import owned_containers
+    from launchers.engine import EngineError, find_engine
+
+    busybox = shutil.which("busybox")
+    linked = subprocess.run(["ldd", busybox], capture_output=True, text=True) if busybox else None
+    if linked is None or "not a dynamic" not in linked.stdout + linked.stderr:
+        pytest.skip("needs a static busybox (Debian: busybox-static) for a one-binary image")
+    try:
+        engine = find_engine(install=False)
+    except EngineError as error:
+        pytest.skip(f"no container engine: {error}")
+    root = tmp_path / "rootfs" / "bin"
+    root.mkdir(parents=True)
+    shutil.copy(busybox, root / "busybox")
+    (root / "sleep").symlink_to("busybox")
+    image = "localhost/dlcompare-test/busybox:reaper"
+    imported = subprocess.run(f"tar -C {tmp_path / 'rootfs'} -c . | {engine.path} import - {image}",
+                              shell=True, env=engine.process_env(), capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    launcher = subprocess.Popen([sys.executable, "-c", LABELLING_LAUNCHER, image], cwd=REPO_ROOT,
+                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        wait_for(lambda: running(launcher, owned_containers(engine, launcher.pid)), 120,
+                 "the launcher's container")
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+        wait_for(lambda: not owned_containers(engine, launcher.pid), 120,
+                 "the reaper to remove the container")
+    finally:
+        kill_tree(launcher)
+        subprocess.run(engine.command("rmi", "--force", image), env=engine.process_env(),
+                       capture_output=True)
+
+
 @pytest.mark.slow
 def test_containers_of_a_killed_campaign_are_removed(tmp_path):
     """SIGKILL of a campaign whose rank runs in a container (whose processes belong to the
