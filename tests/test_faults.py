@@ -104,7 +104,12 @@ def running(campaign: subprocess.Popen, value):
 
 def ranks_of(out: Path) -> list[psutil.Process]:
     """The campaign's rank processes (their command line names the run folder under OUT)."""
-    return [p for p in worker_processes(str(out)) if "adapters.worker" in " ".join(p.cmdline())]
+    ranks = []
+    for process in worker_processes(str(out)):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.cmdline()[1:3] == ["-m", "adapters.worker"]:
+                ranks.append(process)
+    return ranks
 
 
 def assert_all_gone(processes: list[psutil.Process], timeout: float = 15) -> None:
@@ -520,11 +525,15 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
     sshd = {d.pid for d in daemons}
     out = tmp_path / "ssh"
 
-    def remote_ranks():
+    def remote(ranks_only: bool) -> list[int]:
+        """The nodes' processes of the run: its ranks, or (False) also the session shells and
+        watches that started them."""
         found = []
         for pid in (pid for node in range(2) for pid in namespace_pids(cluster.namespace(node))):
             with contextlib.suppress(psutil.NoSuchProcess):
-                if pid not in sshd and "adapters.worker" in " ".join(psutil.Process(pid).cmdline()):
+                argv = psutil.Process(pid).cmdline()
+                if pid not in sshd and (argv[1:3] == ["-m", "adapters.worker"] if ranks_only
+                                        else str(out) in " ".join(argv)):
                     found.append(pid)
         return found
 
@@ -534,7 +543,7 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
                                   f"hostfile:{hostfile}", stderr=stderr)
     try:
         try:
-            wait_for(lambda: campaign.poll() is None and len(remote_ranks()) == 2, 300,
+            wait_for(lambda: campaign.poll() is None and len(remote(ranks_only=True)) == 2, 300,
                      "a rank on each node")
         except AssertionError:
             raise AssertionError(f"{log.read_text()[-3000:]}\n" + "\n".join(
@@ -545,7 +554,7 @@ def test_ranks_on_ssh_nodes_die_with_a_killed_campaign(tmp_path, torch_python, s
         campaign.send_signal(signal.SIGKILL)
         campaign.wait(timeout=30)
         # without the watches they train on, re-parented to the node's init
-        wait_for(lambda: not remote_ranks(), 10, "the remote ranks to go")
+        wait_for(lambda: not remote(ranks_only=False), 10, "the remote ranks to go")
     finally:
         kill_tree(campaign)
 
