@@ -121,13 +121,25 @@ def _figure(n_panels: int, cols: int = 2, panel_size: tuple[float, float] = PANE
 def _save(fig, out_dir: str | Path, name: str, title: str, series: list[dict] | None = None) -> Path:
     """Write the PNG and its ``.json`` list of series; return the PNG's path."""
     folder = Path(out_dir) / "figures"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.png"
+    path = save_figure(fig, folder / f"{name}.png", title)
+    (folder / f"{name}.json").write_text(json.dumps({"series": series or []}, default=float, indent=1),
+                                         encoding="utf-8")
+    return path
+
+
+def new_panels(n_panels: int):
+    """(figure, axes): one axes per panel in the report's layout, for figures drawn outside
+    this module (the what-if's) in the report's style."""
+    return _figure(n_panels)
+
+
+def save_figure(fig, path: str | Path, title: str) -> Path:
+    """Title and write `fig` as the report's PNGs are written (dpi, white), and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.suptitle(title, fontsize=13, fontweight="bold")
     fig.savefig(path, dpi=DPI, facecolor="white")  # constrained layout: laid out in this one draw
     plt.close(fig)
-    (folder / f"{name}.json").write_text(json.dumps({"series": series or []}, default=float, indent=1),
-                                         encoding="utf-8")
     return path
 
 

@@ -8,7 +8,9 @@ list of series, so PyTorch DDP is the same blue in a report of two schemes and i
 The first colours are Okabe-Ito's colour-blind-safe set; related schemes get related hues
 (TensorFlow's modes greens, MXNet's purples, Horovod's reds).  A name this table does not know
 gets a colour derived from a hash of the name: stable across processes and campaigns, though
-not guaranteed distinct from the fixed ones.
+not guaranteed distinct from the fixed ones.  `colour` takes a name as the what-if writes it
+(``torch:ddp``, ``horovod``, a catalogue name): a framework's name alone is its first mode's
+colour.
 """
 
 from __future__ import annotations
@@ -32,7 +34,18 @@ SCHEME_COLOURS: dict[str, str] = {
     "mxnet:nccl": "#5E35B1",              # violet
     "horovod:gloo": "#B2182B",            # dark red
     "horovod:mpi": "#F4A582",             # salmon
+    "horovod:hierarchical": "#67001F",    # darkest red (the what-if's two-level all-reduce)
     "jax": "#56B4E9",                     # sky blue
+}
+
+# The what-if's catalogue of textbook schemes (analysis.whatif.CATALOGUE): greys and earths.
+CATALOGUE_COLOURS: dict[str, str] = {
+    "no-overlap": "#949494",              # grey
+    "wfbp": "#C8B400",                    # mustard
+    "mgwfbp": "#8C8000",                  # olive
+    "buckets": "#1B4F72",                 # navy
+    "fusion": "#F0B25E",                  # sand
+    "ps": "#5D4037",                      # brown
 }
 
 # Frameworks whose only scheme is shown under the bare framework name.
@@ -62,3 +75,17 @@ def scheme_colour(framework, mode=None) -> str:
     """The fixed colour of a scheme, as '#RRGGBB'."""
     name = scheme_name(framework, mode)
     return SCHEME_COLOURS.get(name) or SCHEME_COLOURS.get(str(framework)) or fallback_colour(name)
+
+
+def colour(name: str) -> str:
+    """The colour of a scheme named on a command line: a catalogue name, ``FRAMEWORK:MODE``,
+    or a framework alone (its one scheme, else its first listed mode: ``horovod`` is
+    ``horovod:gloo``'s red)."""
+    key = str(name).strip().lower()
+    if key in CATALOGUE_COLOURS:
+        return CATALOGUE_COLOURS[key]
+    framework, _, mode = key.partition(":")
+    if mode or framework in SINGLE_SCHEME:
+        return scheme_colour(framework, mode or None)
+    first = next((c for n, c in SCHEME_COLOURS.items() if n.startswith(f"{framework}:")), None)
+    return first or fallback_colour(key)

@@ -40,11 +40,13 @@ layer's gradient, or a bucket of them) is ready at r_i; in send order::
 
 merging small gradients: `merge_by_threshold` (Horovod's fusion buffer, PyTorch DDP's
 buckets: consecutive gradients in send order fill a buffer that is sent when it holds at least
-the threshold; ready when its last member is) and `merge_greedy` (MG-WFBP-style: merge the next
-gradient into the pending message when that does not make both finish later, which saves one
-alpha whenever the next gradient is ready before the pending message could start anyway) and
-`merge_by_cycle` (Horovod's background thread: at each cycle start everything ready goes as
-one message; t_{k+1} = t_k + max(cycle, T(n_k))).
+the threshold; ready when its last member is), `merge_greedy` (MG-WFBP, Shi, Chu, Li,
+INFOCOM 2019: the next gradient b joins the pending message a when it is ready strictly less
+than the startup cost a_T = T(n) - n T'(n) (k_a alpha) after a could start,
+r_b < max(r_a, e_prev) + a_T; with an affine T exactly when sending them together ends
+strictly sooner than apart; on a tie they end together either way, and apart a ends sooner)
+and `merge_by_cycle` (Horovod's background thread: at each cycle start everything ready goes
+as one message; t_{k+1} = t_k + max(cycle, T(n_k))).
 
 contention (`contended_schedule`): on a CPU host whose cores the ranks' compute fills, the
 communication stack is CPU work too.  Processor sharing with two calibrated shares: kappa,
@@ -69,14 +71,64 @@ Communication cost (`coefficients`, `collective_time`); every model is linear in
     point to point                 alpha + n beta
     ring all-reduce                2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
     binomial tree (reduce + bcast) 2 ceil(log2 p) (alpha + n beta) + ceil(log2 p) n gamma
-    recursive doubling             ceil(log2 p) (alpha + n beta + n gamma)
-    halving-doubling (Rabenseifner) 2 ceil(log2 p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+    recursive doubling             L (alpha + n beta + n gamma)
+    halving-doubling (Rabenseifner) 2 L alpha + 2(q-1)/q n beta + (q-1)/q n gamma
     parameter server, S servers    2 alpha + 2 max(p/S, 1) n beta + (p-1)/S n gamma
 
-  Parameter server: each of S servers holds n/S of the parameters on its own link; a push
-  brings p * n/S bytes over every server link while each worker link carries n, so the
-  busier of the two bounds each direction (push, then pull); each server sums p slices of
-  n/S bytes.
+  with q = 2^floor(log2 p) and L = log2 q.  When p is not a power of two (r = p - q > 0)
+  recursive doubling and halving-doubling first fold: r ranks send their whole vector to a
+  partner among the q (alpha + n beta, summed: n gamma), the q run the algorithm, and the
+  partners send the result back (alpha + n beta): + 2 alpha + 2 n beta + n gamma (Thakur,
+  Rabenseifner, Gropp 2005, as MPICH does it).  Parameter server: each of S servers holds n/S
+  of the parameters on its own link; a push brings p * n/S bytes over every server link
+  while each worker link carries n, so the busier of the two bounds each direction (push,
+  then pull); each server sums p slices of n/S bytes.
+
+A cluster with a hierarchy (`Topology`, `Fabric`, `topology_cost`): N nodes of G workers,
+p = N G; a worker reaches the others of its node over the intra-node link (alpha_i, beta_i:
+PCIe, NVLink, shared memory), a node reaches the switch through its NIC (alpha_e, beta_e),
+which everything its workers and servers send shares; the transport (gRPC, ps-lite, NCCL,
+MPI, gloo) adds alpha_s per message and beta_s per byte and reaches `efficiency` e of a
+link's bandwidth (b_i = beta_i / e, b_e = beta_e / e).  Each scheme is priced on the
+topology its framework uses::
+
+    scheme                        topology                          T(n)
+    torch:ddp, cntk-style,        flat ring over all p ranks in     2(p-1) (a_hop + alpha_s)
+    tf:collective,                node order: every step moves n/p  + 2(p-1)/p n (b_hop + beta_s)
+    caffe-mpi-style, horovod      on every hop, one hop per node    + (p-1)/p n gamma
+                                  leaves by the NIC, so the slowest a_hop = max(alpha_i, alpha_e)
+                                  hop sets the pace                 b_hop = max(b_i, b_e)
+                                                                    (a kind of hop counts only
+                                                                    where it exists: G>1, N>1)
+    horovod:hierarchical          two-level: ring reduce-scatter    2(G-1) (alpha_i + alpha_s)
+                                  in the node, ring all-reduce of   + 2(G-1)/G n (b_i + beta_s)
+                                  each 1/G shard across nodes (the  + 2(N-1) (alpha_e + alpha_s)
+                                  G shards share the NIC), ring     + 2(N-1)/N n (b_e + beta_s / G)
+                                  all-gather in the node            + ((G-1)/G + (N-1)/(N G)) n gamma
+    tf:ps, mxnet:dist_sync        every worker pushes and pulls its 2 (a + alpha_s)
+                                  whole gradient, n/S to each of S  + 2 n (max(L_i b_i, L_e b_e)
+                                  servers spread over the nodes     + beta_s)
+                                  (round robin) or on S machines of + (P-1)/S n gamma_server
+                                  their own ('dedicated')
+    mxnet:dist_device_sync        reduce over the node's G devices, the reduce-scatter and all-gather
+                                  one push/pull per node (P = N),   terms of the two-level row (G,
+                                  broadcast back                    no alpha_s, beta_s: in-process)
+                                                                    + the ps row with W = 1
+
+  Parameter servers, W pushing workers per node (G, or 1 after a local reduce), P = N W,
+  s_j servers on node j: node j's NIC sends W n (S - s_j)/S (its workers' slices bound
+  elsewhere) and receives s_j (P - W) n/S (its servers' slices from elsewhere), at once
+  (full duplex); L_e = the largest of these over nodes and directions, in units of n
+  ('dedicated': max(W, P/S)).  L_i = max(1, W/S) on a node holding a server (each worker's
+  own link carries n, a server takes W n/S from its node's workers), else 1; a = alpha_e
+  across nodes, alpha_i on one node.  With one node and the server links taken as the
+  intra-node links this is the flat parameter-server formula above; the NIC term is named
+  'parameter server' when the servers' side (fan-in) is the busier one.
+
+  A described cluster has no CPU contention (kappa = kappa_c = 0) unless its file says so.
+  `CommCost` keeps each term apart (link latency, per-message software cost, intra-node
+  link, NIC, parameter server, reduction) so that `bottleneck` can name what an iteration
+  waits for.
 
 Scaling (weak, fixed per-worker batch): S(N) = N t(1) / t(N), E(N) = S(N) / N.
 """
@@ -85,12 +137,16 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "halving_doubling", "ps", "p2p")
 GRANULARITIES: tuple[str, ...] = ("whole", "layer", "tensor", "bucket")
 MERGES: tuple[str | None, ...] = (None, "greedy", "cycle")
+# How a scheme spans a cluster's hierarchy (`topology_cost`): its algorithm over all ranks,
+# the two-level all-reduce, or a reduce inside each node before the algorithm across nodes.
+TOPOLOGIES: tuple[str, ...] = ("flat", "two_level", "local_reduce")
+PLACEMENTS: tuple[str, ...] = ("colocated", "dedicated")
 
 
 # --------------------------------------------------------------------------- costs
@@ -150,22 +206,41 @@ def tree_allreduce(n: float, p: int, cost: LinkCost) -> float:
     return 2 * levels * (cost.alpha + n * cost.beta) + levels * n * cost.gamma
 
 
+def _power_of_two_below(p: int) -> int:
+    """q = 2^floor(log2 p): the ranks recursive doubling and halving run on."""
+    return 1 << (p.bit_length() - 1)
+
+
+def _fold(n: float, p: int, cost: LinkCost) -> float:
+    """The extra steps of recursive doubling / halving for p not a power of two: the
+    r = p - q extra ranks hand their vector to a partner (alpha + n beta, summed there:
+    n gamma) and get the result back (alpha + n beta); 0 when p is a power of two."""
+    if p == _power_of_two_below(p):
+        return 0.0
+    return 2 * (cost.alpha + n * cost.beta) + n * cost.gamma
+
+
 def recursive_doubling_allreduce(n: float, p: int, cost: LinkCost) -> float:
-    """Recursive doubling: ceil(log2 p) exchange-and-sum rounds of the whole message:
-    T = ceil(log2 p)(alpha + n beta + n gamma)."""
+    """Recursive doubling: log2 q exchange-and-sum rounds of the whole message on
+    q = 2^floor(log2 p) ranks, plus the fold of the p - q others (`_fold`):
+    T = log2 q (alpha + n beta + n gamma) [+ 2 alpha + 2 n beta + n gamma]."""
     _check_p(p)
     if p == 1 or n <= 0:
         return 0.0
-    return _log2_ceil(p) * (cost.alpha + n * cost.beta + n * cost.gamma)
+    q = _power_of_two_below(p)
+    return _log2_ceil(q) * (cost.alpha + n * cost.beta + n * cost.gamma) + _fold(n, p, cost)
 
 
 def halving_doubling_allreduce(n: float, p: int, cost: LinkCost) -> float:
-    """Rabenseifner (recursive halving reduce-scatter, recursive doubling all-gather):
-    T = 2 ceil(log2 p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma."""
+    """Rabenseifner (recursive halving reduce-scatter, recursive doubling all-gather) on
+    q = 2^floor(log2 p) ranks, plus the fold of the p - q others (`_fold`):
+    T = 2 log2 q alpha + 2(q-1)/q n beta + (q-1)/q n gamma [+ 2 alpha + 2 n beta + n gamma]."""
     _check_p(p)
     if p == 1 or n <= 0:
         return 0.0
-    return 2 * _log2_ceil(p) * cost.alpha + 2 * (p - 1) / p * n * cost.beta + (p - 1) / p * n * cost.gamma
+    q = _power_of_two_below(p)
+    return (2 * _log2_ceil(q) * cost.alpha + 2 * (q - 1) / q * n * cost.beta + (q - 1) / q * n * cost.gamma
+            + _fold(n, p, cost))
 
 
 def ps_pushpull(n: float, p: int, servers: int, cost: LinkCost) -> float:
@@ -204,10 +279,13 @@ def coefficients(algorithm: str, p: int, servers: int = 1) -> tuple[float, float
         return 2.0 * (p - 1), 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "tree":
         return 2.0 * levels, 2.0 * levels, float(levels)
+    q = _power_of_two_below(p)
+    fold = (2.0, 2.0, 1.0) if q != p else (0.0, 0.0, 0.0)
+    rounds = float(_log2_ceil(q))
     if algorithm == "recursive_doubling":
-        return float(levels), float(levels), float(levels)
+        return rounds + fold[0], rounds + fold[1], rounds + fold[2]
     if algorithm == "halving_doubling":
-        return 2.0 * levels, 2 * (p - 1) / p, (p - 1) / p
+        return 2.0 * rounds + fold[0], 2 * (q - 1) / q + fold[1], (q - 1) / q + fold[2]
     raise ValueError(f"unknown collective algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
 
@@ -219,13 +297,64 @@ def collective_time(algorithm: str, n: float, p: int, cost: LinkCost, servers: i
     return k_a * cost.alpha + n * (k_b * cost.beta + k_g * cost.gamma)
 
 
-def comm_time_function(algorithm: str, p: int, cost: LinkCost, servers: int = 1) -> Callable[[float], float]:
-    """n -> T(n) with the coefficients computed once (the inner loop of the what-if grid)."""
+@dataclass(frozen=True)
+class CostTerm:
+    """One part of a message's cost, named by what it waits for: `latency` seconds per
+    message plus `per_byte` seconds per byte."""
+
+    what: str
+    latency: float = 0.0
+    per_byte: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommCost:
+    """T(n) = sum of its terms' latency + n per_byte (0 for n <= 0): a callable n -> seconds
+    that `predict` and the merges take, which keeps the terms apart for `bottleneck`."""
+
+    terms: tuple[CostTerm, ...] = ()
+    latency: float = field(init=False)
+    per_byte: float = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "latency", sum(t.latency for t in self.terms))
+        object.__setattr__(self, "per_byte", sum(t.per_byte for t in self.terms))
+
+    def __call__(self, n: float) -> float:
+        return 0.0 if n <= 0 else self.latency + n * self.per_byte
+
+    def breakdown(self, n: float) -> dict[str, float]:
+        """Seconds of one n-byte message per term (terms of the same name added)."""
+        out: dict[str, float] = {}
+        if n > 0:
+            for term in self.terms:
+                out[term.what] = out.get(term.what, 0.0) + term.latency + n * term.per_byte
+        return out
+
+
+def _terms(*items: tuple[str, float, float]) -> CommCost:
+    """A CommCost of (what, latency, per_byte) triples, zero ones left out."""
+    return CommCost(tuple(CostTerm(what, a, b) for what, a, b in items if a > 0 or b > 0))
+
+
+def comm_time_function(algorithm: str, p: int, cost: LinkCost, servers: int = 1) -> CommCost:
+    """n -> T(n) of `algorithm` on p workers of one flat link, the coefficients computed once
+    (the inner loop of the what-if grid): terms per-message cost (k_a alpha), link
+    (k_b beta) and reduction (k_g gamma)."""
     if algorithm != "ps" and p == 1:
-        return lambda n: 0.0
+        return CommCost()
     k_a, k_b, k_g = coefficients(algorithm, p, servers)
-    latency, per_byte = k_a * cost.alpha, k_b * cost.beta + k_g * cost.gamma
-    return lambda n: 0.0 if n <= 0 else latency + n * per_byte
+    return _terms(("per-message cost", k_a * cost.alpha, 0.0), ("link", 0.0, k_b * cost.beta),
+                  ("parameter server" if algorithm == "ps" else "reduction", 0.0, k_g * cost.gamma))
+
+
+def startup_cost(comm_time: Callable[[float], float]) -> float:
+    """The per-message part of an affine T(n) = a + b n: `latency` where the function keeps
+    it (`CommCost`), else a = 2 T(1) - T(2)."""
+    latency = getattr(comm_time, "latency", None)
+    if latency is not None:
+        return float(latency)
+    return max(0.0, 2 * comm_time(1) - comm_time(2))
 
 
 def invert_fit(a: float, b: float, algorithm: str, p: int, servers: int = 1,
@@ -390,14 +519,21 @@ def merge_by_threshold(grads: Sequence[Grad], threshold: float,
 
 def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float],
                  cap: float = 0) -> list[Message]:
-    """MG-WFBP-style merging: walking the messages in send order, merge the next one into the
-    pending message when sending them together ends no later than sending them apart (and,
-    with cap > 0, the merged message stays within cap bytes, like a fusion buffer).
+    """MG-WFBP's merging (Shi, Chu, Li, INFOCOM 2019): walking the messages in send order,
+    the next one, b, joins the pending message a when b is ready strictly less than the
+    startup cost a_T (`startup_cost`, k_a alpha) after a could start:
 
-    Apart: e_a = max(r_a, e_prev) + T(n_a), e_b = max(r_b, e_a) + T(n_b); together:
-    e_ab = max(r_a, r_b, e_prev) + T(n_a + n_b).  With T = alpha + n beta, merging saves one
-    alpha whenever b is ready before a could start, the case MG-WFBP's rule targets.
+        r_b < s_a + a_T,   s_a = max(r_a, e_prev)
+
+    (and, with cap > 0, the merged message stays within cap bytes, like a fusion buffer).
+    For T(n) = a_T + n b this is exactly "together ends strictly sooner than apart": apart
+    e_a = s_a + T(n_a), e_b = max(r_b, e_a) + T(n_b); together
+    e_ab = max(s_a, r_b) + T(n_a + n_b), which saves a_T when r_b <= s_a and
+    s_a + a_T - r_b when s_a < r_b < s_a + a_T.  At r_b = s_a + a_T both end b at the same
+    time, but apart a ends sooner: no merge.  (With a_T = 0 nothing is saved: the rule
+    merges b only when it is ready before a could start, and b ends as it would apart.)
     """
+    startup = startup_cost(comm_time)
     merged: list[Message] = []
     end_prev = 0.0
     pending: Message | None = None
@@ -405,15 +541,13 @@ def merge_greedy(messages: Sequence[Message], comm_time: Callable[[float], float
         if pending is None:
             pending = msg
             continue
-        end_a = max(pending.ready, end_prev) + comm_time(pending.nbytes)
-        apart = max(msg.ready, end_a) + comm_time(msg.nbytes)
-        together = max(pending.ready, msg.ready, end_prev) + comm_time(pending.nbytes + msg.nbytes)
-        if together <= apart and (cap <= 0 or pending.nbytes + msg.nbytes <= cap):
+        start_a = max(pending.ready, end_prev)
+        if msg.ready < start_a + startup and (cap <= 0 or pending.nbytes + msg.nbytes <= cap):
             pending = Message(pending.nbytes + msg.nbytes, max(pending.ready, msg.ready),
                               pending.members + msg.members)
         else:
             merged.append(pending)
-            end_prev = end_a
+            end_prev = start_a + comm_time(pending.nbytes)
             pending = msg
     if pending is not None:
         merged.append(pending)
@@ -468,7 +602,10 @@ class Scheme:
     cycle_s: a background thread that sends only at its cycle starts (Horovod): with merge
       ``cycle`` the cycles are simulated; otherwise each message waits half a cycle on
       average, r_i + cycle_s / 2.  With merge ``greedy`` or ``cycle`` and a bucket_bytes,
-      merged messages stay within bucket_bytes (a fusion buffer).
+      merged messages stay within bucket_bytes (a fusion buffer);
+    topology: how it spans nodes (`topology_cost`): ``flat`` (the algorithm over all ranks),
+      ``two_level`` (ring inside the node, across nodes, inside again), ``local_reduce``
+      (reduce inside the node, the algorithm across nodes, broadcast inside).
     """
 
     name: str = "allreduce"
@@ -481,6 +618,7 @@ class Scheme:
     servers: int = 0
     profile_granularity: str | None = None
     cycle_s: float = 0.0
+    topology: str = "flat"
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -497,9 +635,13 @@ class Scheme:
             raise ValueError("a bucket scheme needs bucket_bytes > 0")
         if self.cycle_s < 0:
             raise ValueError("cycle_s cannot be negative")
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {self.topology!r} (known: {', '.join(TOPOLOGIES)})")
+        if self.topology == "two_level" and self.algorithm != "ring":
+            raise ValueError("the two-level all-reduce is a ring in the node and across nodes: algorithm ring")
 
     FIELDS = ("name", "overlap", "granularity", "bucket_bytes", "first_bucket_bytes", "merge",
-              "algorithm", "servers", "profile_granularity", "cycle_s")
+              "algorithm", "servers", "profile_granularity", "cycle_s", "topology")
 
     @classmethod
     def from_dict(cls, data: dict) -> "Scheme":
@@ -543,6 +685,196 @@ class Scheme:
         if self.merge == "greedy":
             messages = merge_greedy(messages, comm_time, self.bucket_bytes)
         return messages
+
+
+# --------------------------------------------------------------------------- hierarchy
+
+@dataclass(frozen=True)
+class Topology:
+    """N nodes of G workers each, ranks in node order (ranks 0..G-1 on node 0, ...)."""
+
+    nodes: int = 1
+    workers_per_node: int = 1
+
+    def __post_init__(self):
+        _check_p(self.nodes)
+        _check_p(self.workers_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The links of a cluster with a hierarchy (module docstring, "A cluster with a
+    hierarchy"): `intra` (alpha_i, beta_i) between the workers of a node, `inter`
+    (alpha_e, beta_e) the node's NIC, `software` the transport's alpha_s, beta_s, the share
+    `efficiency` of a link's bandwidth the transport reaches, `gamma` seconds per byte a
+    worker sums and `server_gamma` a parameter server (default gamma).  Only the alpha and
+    beta of the LinkCosts are used."""
+
+    intra: LinkCost = LinkCost()
+    inter: LinkCost = LinkCost()
+    software: LinkCost = LinkCost()
+    efficiency: float = 1.0
+    gamma: float = 0.0
+    server_gamma: float | None = None
+
+    def __post_init__(self):
+        if not 0.0 < self.efficiency <= 1.0:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
+        for name in ("gamma", "server_gamma"):
+            value = getattr(self, name)
+            if value is not None and (math.isnan(value) or value < 0):
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+    @classmethod
+    def flat(cls, cost: LinkCost) -> "Fabric":
+        """One link everywhere: the intra-node link and the NIC are the same `cost`."""
+        return cls(intra=cost, inter=cost, gamma=cost.gamma)
+
+    def b_intra(self) -> float:
+        return self.intra.beta / self.efficiency
+
+    def b_inter(self) -> float:
+        return self.inter.beta / self.efficiency
+
+
+def ring_on(topology: Topology, fabric: Fabric) -> CommCost:
+    """Flat ring over all p ranks in node order (module docstring's first row): each of the
+    2(p-1) steps moves n/p on every hop at once, so the slowest hop kind present sets both
+    its latency and its pace; the node's one outgoing hop per step has the NIC to itself."""
+    return _flat_on("ring", topology, fabric)
+
+
+def _flat_on(algorithm: str, topology: Topology, fabric: Fabric) -> CommCost:
+    """`algorithm`'s coefficients over all p ranks with every step at the slowest hop kind
+    present.  Exact for the ring; for tree and recursive doubling / halving, whose steps
+    across nodes send from every worker of a node at once, it leaves out that they share
+    the NIC (an optimistic bound, for the catalogue's --algorithm only)."""
+    p, nodes, per_node = topology.world_size, topology.nodes, topology.workers_per_node
+    if p == 1:
+        return CommCost()
+    k_a, k_b, k_g = coefficients(algorithm, p)
+    hops = ([("NIC", fabric.inter.alpha, fabric.b_inter())] if nodes > 1 else []) + \
+           ([("intra-node link", fabric.intra.alpha, fabric.b_intra())] if per_node > 1 else [])
+    link, _, pace = max(hops, key=lambda hop: hop[2])  # the NIC on a tie
+    latency = max(hop[1] for hop in hops)
+    return _terms(("link latency", k_a * latency, 0.0), ("per-message software cost", k_a * fabric.software.alpha, 0.0),
+                  (link, 0.0, k_b * pace), ("transport per-byte cost", 0.0, k_b * fabric.software.beta),
+                  ("reduction", 0.0, k_g * fabric.gamma))
+
+
+def two_level_on(topology: Topology, fabric: Fabric) -> CommCost:
+    """Two-level all-reduce (Horovod's hierarchical all-reduce, NCCL's ring in a node):
+    ring reduce-scatter among the node's G workers, ring all-reduce of each worker's 1/G
+    shard across the N nodes (the G shards cross the NIC at once: the whole gradient goes
+    through it), ring all-gather in the node.  G = 1 or N = 1 is the flat ring."""
+    nodes, per_node = topology.nodes, topology.workers_per_node
+    inside, across = (per_node - 1) / per_node, (nodes - 1) / nodes
+    alpha_s, beta_s = fabric.software.alpha, fabric.software.beta
+    return _terms(
+        ("link latency", 2 * (per_node - 1) * fabric.intra.alpha + 2 * (nodes - 1) * fabric.inter.alpha, 0.0),
+        ("per-message software cost", 2 * (per_node - 1 + nodes - 1) * alpha_s, 0.0),
+        ("intra-node link", 0.0, 2 * inside * fabric.b_intra()),
+        ("NIC", 0.0, 2 * across * fabric.b_inter()),
+        ("transport per-byte cost", 0.0, 2 * inside * beta_s + 2 * across * beta_s / per_node),
+        ("reduction", 0.0, (inside + across / per_node) * fabric.gamma))
+
+
+def _servers_on(node: int, nodes: int, servers: int) -> int:
+    """Servers on `node` when `servers` are dealt round robin over `nodes`."""
+    return servers // nodes + (1 if node < servers % nodes else 0)
+
+
+def server_loads(nodes: int, pushing: int, servers: int, placement: str = "colocated") -> tuple[float, float, bool]:
+    """(L_i, L_e, fan_in): the bytes, in units of one worker's gradient n, that the busiest
+    intra-node link and the busiest NIC carry in one direction of a push (or pull) of
+    `pushing` workers per node to `servers` servers, and whether the NIC's load is the
+    servers' side (module docstring, "Parameter servers")."""
+    if servers < 1:
+        raise ValueError(f"a parameter-server scheme needs servers >= 1, got {servers!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    total = nodes * pushing
+    if placement == "dedicated":
+        return 1.0, max(float(pushing), total / servers), total / servers > pushing
+    fan_out = fan_in = 0.0
+    hosts_server = False
+    for node in range(nodes):
+        local = _servers_on(node, nodes, servers)
+        hosts_server = hosts_server or local > 0
+        fan_out = max(fan_out, pushing * (servers - local) / servers if nodes > 1 else 0.0)
+        fan_in = max(fan_in, local * (total - pushing) / servers)
+    intra = max(1.0, pushing / servers) if hosts_server else 1.0
+    return intra, max(fan_out, fan_in), fan_in > fan_out
+
+
+def ps_on(topology: Topology, fabric: Fabric, servers: int, placement: str = "colocated",
+          pushing: int | None = None) -> CommCost:
+    """Push then pull of each pushing worker's whole gradient, n/S to each of S servers
+    (module docstring's ps row): 2 (a + alpha_s) + 2 n (max(L_i b_i, L_e b_e) + beta_s)
+    + (P-1)/S n gamma_server, P = N x `pushing` (default: every worker)."""
+    nodes = topology.nodes
+    pushing = topology.workers_per_node if pushing is None else pushing
+    intra_load, nic_load, fan_in = server_loads(nodes, pushing, servers, placement)
+    across = nodes > 1 or placement == "dedicated"
+    latency = fabric.inter.alpha if across else fabric.intra.alpha
+    intra = intra_load * fabric.b_intra()
+    nic = nic_load * fabric.b_inter() if across else 0.0
+    link = "intra-node link" if intra >= nic else ("parameter server" if fan_in else "NIC")
+    gamma = fabric.gamma if fabric.server_gamma is None else fabric.server_gamma
+    return _terms(("link latency", 2 * latency, 0.0), ("per-message software cost", 2 * fabric.software.alpha, 0.0),
+                  (link, 0.0, 2 * max(intra, nic)), ("transport per-byte cost", 0.0, 2 * fabric.software.beta),
+                  ("parameter server", 0.0, (nodes * pushing - 1) / servers * gamma))
+
+
+def local_reduce_on(topology: Topology, fabric: Fabric) -> CommCost:
+    """The node's part of a local reduce and broadcast (MXNet's device kvstore before a
+    dist push): the reduce-scatter and all-gather terms of `two_level_on` inside one node,
+    without the transport's software cost (one process copies between its own devices)."""
+    return two_level_on(Topology(1, topology.workers_per_node), replace(fabric, software=LinkCost()))
+
+
+def topology_cost(scheme: "Scheme", topology: Topology, fabric: Fabric, servers: int | None = None,
+                  placement: str = "colocated") -> CommCost:
+    """T(n) of one of `scheme`'s messages on the cluster (module docstring's table):
+    ``flat`` the algorithm over all ranks (`ring_on`; a parameter server: `ps_on` with every
+    worker pushing), ``two_level`` `two_level_on`, ``local_reduce`` the node's reduce and
+    broadcast plus the algorithm across nodes with one pusher per node.  `servers`
+    (default: the scheme's, else one per node) serve the ``ps`` algorithm."""
+    servers = servers or scheme.servers or topology.nodes
+    if scheme.topology == "two_level":
+        return two_level_on(topology, fabric)
+    if scheme.topology == "local_reduce":
+        inside = local_reduce_on(topology, fabric)
+        if scheme.algorithm == "ps":
+            across = ps_on(topology, fabric, servers, placement, pushing=1)
+        else:
+            across = _flat_on(scheme.algorithm, Topology(topology.nodes, 1), fabric)
+        return CommCost(inside.terms + across.terms)
+    if scheme.algorithm == "ps":
+        return ps_on(topology, fabric, servers, placement)
+    if scheme.algorithm == "p2p":
+        return _terms(("link latency", fabric.inter.alpha, 0.0), ("per-message software cost", fabric.software.alpha, 0.0),
+                      ("NIC", 0.0, fabric.b_inter()), ("transport per-byte cost", 0.0, fabric.software.beta))
+    return _flat_on(scheme.algorithm, topology, fabric)
+
+
+def bottleneck(prediction: "Prediction", comm_time: Callable[[float], float], compute_share: float = 0.9) -> str:
+    """What the predicted iteration waits for: ``compute`` when the exposed communication is
+    at most 1 - `compute_share` of the iteration, else the term of `comm_time` (a
+    `CommCost`) that the scheme's transfers spend most time on ("communication" when the
+    cost keeps no terms)."""
+    if prediction.comm_exposed <= (1.0 - compute_share) * prediction.iter_time:
+        return "compute"
+    totals: dict[str, float] = {}
+    breakdown = getattr(comm_time, "breakdown", None)
+    for transfer in prediction.transfers:
+        for what, seconds in (breakdown(transfer.nbytes) if breakdown else {}).items():
+            totals[what] = totals.get(what, 0.0) + seconds
+    return max(totals, key=totals.get) if totals else "communication"
 
 
 def schedule(messages: Sequence[Message], comm_time: Callable[[float], float], overlap: bool,

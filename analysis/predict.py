@@ -34,26 +34,34 @@ What-if (`python -m analysis.predict`)
 
     python -m analysis.predict --from DIR --model resnet50 --nodes 2,4,8,16 \\
         --bandwidth 10Gbit,56Gbit,100Gbit --latency 5us,50us
+    python -m analysis.predict --cluster examples/cluster.toml --model resnet50 \\
+        --batch-size 32 --nodes 1,2,4,8 [--json]
 
-For every framework with a stored one-worker run of the model, its own scheme on its own
-profile, and a catalogue of schemes (no overlap, WFBP, MG-WFBP-style merging, buckets, fusion,
-parameter server) on a reference profile, at every node count x bandwidth x latency: iteration
-time, exposed communication, speedup S(N) = N t(1) / t(N) and efficiency E = S / N, with
-N = nodes x workers per node, alpha = latency, beta = 1 / bandwidth, gamma from the
-calibration.  Prints a table, writes CSV, Markdown and an SVG plot.  Run from any Python 3: the
+``--from DIR``: for every framework with a stored one-worker run of the model, its own
+scheme on its own profile, and a catalogue of schemes (no overlap, WFBP, MG-WFBP-style
+merging, buckets, fusion, parameter server) on a reference profile, all N = nodes x workers
+per node ranks on one link: alpha = latency, beta = 1 / bandwidth (the calibration's where
+not given), gamma and the contention shares from the calibration.
+
+``--cluster FILE``: a described GPU cluster (`analysis.cluster`; docs/prediction.md): the
+study's schemes by their CLI names and the catalogue's, each priced on the topology its
+framework uses (`perfmodel.topology_cost`: intra-node links, NICs shared by a node's
+workers, per-message software cost per transport), compute from the model's FLOPs on the
+device (`analysis.workload`) or from the one-worker run of the campaign its
+``device.profile`` names; no CPU contention unless the file gives it.
+
+Both print a table (or ``--json``: one JSON object per line) of iteration time, speedup
+S(N) = N t(1) / t(N) and efficiency E = S / N against one worker of the same device
+(weak scaling), exposed communication and the bottleneck, and write CSV, Markdown and a
+PNG plot of efficiency against nodes (`analysis.whatif`).  Run from any Python 3: the
 command moves itself into the launcher's environment first, like `analysis.report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import html
-import io
 import math
 import sys
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from core.cli import OneLineParser, fail
@@ -63,11 +71,14 @@ if __name__ == "__main__":  # `python3 -m analysis.predict` from any Python: the
     reexec_in_host_env("analysis.predict", sys.argv[1:])
 
 from analysis import perfmodel as pm  # noqa: E402
+from analysis import whatif  # noqa: E402
 from analysis.calibration import CalibrationFit, lookup  # noqa: E402
+from analysis.cluster import ClusterError, ClusterSpec, load_cluster  # noqa: E402
 from analysis.store import ResultStore, StoreError  # noqa: E402
-from analysis.units import (UnitError, format_bandwidth, format_latency, items,  # noqa: E402
-                            parse_bandwidth, parse_counts, parse_latency)
-from models import UnknownModel, get_model  # noqa: E402
+from analysis.units import UnitError, items, parse_bandwidth, parse_counts, parse_latency  # noqa: E402
+from analysis.whatif import CATALOGUE, Candidate, WhatIfError  # noqa: E402
+from analysis.workload import flops_profile, gradients, model_layer_rows, model_tensors  # noqa: E402
+from models import UnknownModel  # noqa: E402
 
 BASIS_SINGLE = "single worker"
 BASIS_MEASURED = "measured comm (no calibration)"
@@ -78,24 +89,6 @@ class PredictError(ValueError):
 
 
 # --------------------------------------------------------------------------- inputs
-
-@lru_cache(maxsize=32)
-def _model_tensors(model: str) -> tuple[tuple[str, str, int], ...] | None:
-    """(tensor, layer, bytes) in send order (reverse parameter order); None if unknown."""
-    try:
-        spec = get_model(model)
-    except UnknownModel:  # an unknown model gets no prediction, not a crash
-        return None
-    out = []
-    for name, shape in reversed(list(spec.parameter_shapes().items())):
-        out.append((name, name.rsplit(".", 1)[0], 4 * math.prod(shape)))
-    return tuple(out)
-
-
-@lru_cache(maxsize=32)
-def _model_layer_rows(model: str) -> tuple[tuple[str, int, bool], ...]:
-    return tuple((row.name, row.flops, row.params > 0) for row in get_model(model).layer_table())
-
 
 def measured_phases(record: dict) -> dict[str, float]:
     return {p["phase"]: float(p["measured_s"]) for p in record.get("phases") or []
@@ -127,7 +120,7 @@ def compute_phases(record: dict) -> dict[str, float]:
 def layer_backward(record: dict, backward: float) -> tuple[list[tuple[str, float]], str] | None:
     """The run's per-layer backward times (backward order) summing to `backward`, and their
     source; the FLOP split when the record has none usable."""
-    tensors = _model_tensors(record.get("model") or "")
+    tensors = model_tensors(record.get("model") or "")
     if tensors is None:
         return None
     layers = {layer for _, layer, _ in tensors}
@@ -137,7 +130,7 @@ def layer_backward(record: dict, backward: float) -> tuple[list[tuple[str, float
         total = sum(float(t) for _, t in stored)
         scale = backward / total if total > 0 else 0.0
         return [(str(name), float(t) * scale) for name, t in stored], str(extra.get("layer_backward_source", "hooks"))
-    rows = _model_layer_rows(record["model"])
+    rows = model_layer_rows(record["model"])
     return pm.split_backward_by_flops(backward, rows), "flop-share (analysis)"
 
 
@@ -148,7 +141,7 @@ def profile_from_record(record: dict) -> tuple[pm.Profile, str] | None:
     if "forward" not in phases or "backward" not in phases:
         return None
     split = layer_backward(record, phases["backward"])
-    tensors = _model_tensors(record.get("model") or "")
+    tensors = model_tensors(record.get("model") or "")
     if split is None or tensors is None:
         return None
     layer_times, source = split
@@ -162,11 +155,7 @@ def profile_from_record(record: dict) -> tuple[pm.Profile, str] | None:
         scale = max(0.0, float(synchronous["before_comm"]) - io - h2d) / (forward + backward)
         forward, backward = forward * scale, backward * scale
         update = float(synchronous.get("update", update))
-    ready, total = {}, 0.0
-    for name, t in layer_times:
-        total += t * scale
-        ready[name] = total
-    grads = tuple(pm.Grad(name, layer, nbytes, ready.get(layer, backward)) for name, layer, nbytes in tensors)
+    grads = gradients(record["model"], [(name, t * scale) for name, t in layer_times], backward)
     profile = pm.Profile(io, h2d, forward, backward, update, grads, prefetch=False)
     return profile, source
 
@@ -343,33 +332,9 @@ def predict_stored(store, record: dict, console=None) -> dict | None:
 
 # --------------------------------------------------------------------------- what-if
 
-CATALOGUE: dict[str, pm.Scheme] = {
-    "no-overlap": pm.Scheme("no overlap: whole gradient after backward"),
-    "wfbp": pm.Scheme("WFBP: per layer during backward", overlap=True, granularity="layer"),
-    "mgwfbp": pm.Scheme("MG-WFBP-style merged layers", overlap=True, granularity="layer", merge="greedy"),
-    "buckets": pm.Scheme("25 MB buckets (DDP-like)", overlap=True, granularity="bucket",
-                         bucket_bytes=25 * 2 ** 20, first_bucket_bytes=2 ** 20),
-    "fusion": pm.Scheme("Horovod-like fusion: 1 ms cycles, 128 MB buffer", overlap=True, granularity="tensor",
-                        merge="cycle", cycle_s=1e-3, bucket_bytes=128 * 2 ** 20),
-    "ps": pm.Scheme("parameter server, per layer", overlap=True, granularity="layer", algorithm="ps", servers=1),
-}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One scheme of the what-if: its name, profile, where the compute came from, gamma."""
-
-    name: str
-    scheme: pm.Scheme
-    profile: pm.Profile
-    source: str
-    fit: CalibrationFit | None
-
-
-def candidates(records: list[dict], fits: list[CalibrationFit], model: str, batch: int | None,
-               schemes: list[str], reference: str | None, servers: int | None,
-               algorithm: str) -> list[Candidate]:
-    """The schemes to evaluate, each with the one-worker profile it runs on."""
+def _one_worker_runs(records: list[dict], model: str, batch: int | None) -> list[dict]:
+    """Successful one-worker runs of `model` (at `batch` when given), largest batch first;
+    PredictError naming what is stored when there is none."""
     singles = [r for r in records if r.get("status") == "ok" and r.get("model") == model
                and int(r.get("world_size") or 0) == 1 and (batch is None or r.get("batch_per_worker") == batch)]
     if not singles:
@@ -378,50 +343,85 @@ def candidates(records: list[dict], fits: list[CalibrationFit], model: str, batc
         where = f" with batch {batch}" if batch is not None else ""
         raise PredictError(f"no successful one-worker run of {model}{where} stored "
                            f"(one-worker runs stored for: {', '.join(models) or 'none'})")
+    return sorted(singles, key=lambda r: (-(r.get("batch_per_worker") or 0), r.get("started_at") or ""))
+
+
+def _stored_profiles(records: list[dict], model: str, batch: int | None) -> dict[tuple, tuple[dict, pm.Profile]]:
+    """(label, mode) -> (one-worker record, its profile), one per framework and mode."""
     chosen: dict[tuple, dict] = {}
-    for r in sorted(singles, key=lambda r: (-(r.get("batch_per_worker") or 0), r.get("started_at") or "")):
+    for r in _one_worker_runs(records, model, batch):
         chosen.setdefault((r.get("framework_label") or r.get("framework"), r.get("mode")), r)
-    out = []
-    by_label = {}
-    for (label, mode), record in sorted(chosen.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
+    out = {}
+    for key, record in sorted(chosen.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
         built = profile_from_record(record)
-        if built is None:
-            continue
+        if built is not None:
+            out[key] = (record, built[0])
+    if not out:
+        raise PredictError(f"the one-worker runs of {model} have no forward/backward profile to predict from")
+    return out
+
+
+def _reference(profiles: dict[tuple, tuple[dict, pm.Profile]], reference: str | None) -> tuple[dict, pm.Profile]:
+    """The profile the catalogue runs on: --profile's framework label, else the first."""
+    by_label = {str(label).lower(): value for (label, _), value in profiles.items()}
+    if reference is None:
+        return next(iter(profiles.values()))
+    if reference.lower() not in by_label:
+        raise PredictError(f"--profile {reference!r} is not among the stored one-worker runs ({', '.join(by_label)})")
+    return by_label[reference.lower()]
+
+
+def _source(record: dict) -> str:
+    return f"{record.get('framework_label') or record.get('framework')} b{record.get('batch_per_worker')}"
+
+
+def candidates(records: list[dict], fits: list[CalibrationFit], model: str, batch: int | None,
+               schemes: list[str], reference: str | None, servers: int | None,
+               algorithm: str) -> list[Candidate]:
+    """A campaign's schemes ('stored': each framework's own on its own profile; or
+    'FRAMEWORK' / 'FRAMEWORK:MODE' for some of them) and the catalogue's on the reference
+    profile, each on its calibrated flat link."""
+    profiles = _stored_profiles(records, model, batch)
+    stored = {f"{record.get('framework')}:{mode}": (record.get("framework"), mode)
+              for (_, mode), (record, _) in profiles.items()}
+    unknown = [name for name in schemes if name != "stored" and name not in CATALOGUE
+               and not any(name in (key, framework) for key, (framework, _) in stored.items())]
+    if unknown:
+        raise PredictError(f"unknown scheme {unknown[0]!r} (known: all, stored, {', '.join(stored)}, "
+                           f"{', '.join(CATALOGUE)})")
+    out, fit_of = [], {}
+    for (label, mode), (record, profile) in profiles.items():
         scheme, assumed = scheme_of(_with_scheme_from_campaign(record, records))
         if servers is not None and scheme.algorithm == "ps":
             scheme = pm.Scheme.from_dict({**scheme.as_dict(), "servers": servers})
         found = lookup(fits, framework=record.get("framework"), mode=record.get("mode"),
                        transport=_transport(record), world_size=2, nodes=1,
                        device_kind=record.get("device_kind"))
+        fit_of[id(record)] = found[0] if found else None
+        key = f"{record.get('framework')}:{mode}"
+        if not {"stored", key, str(record.get("framework"))} & set(schemes):
+            continue
         name = f"{label}" + (f" ({mode})" if mode and str(mode).lower() not in str(label).lower() else "")
         if assumed:
             name += " [assumed scheme]"
-        source = f"{label} b{record.get('batch_per_worker')}"
-        candidate = Candidate(name, scheme, built[0], source, found[0] if found else None)
-        by_label[str(label).lower()] = candidate
-        if "stored" in schemes:
-            out.append(candidate)
-    if not by_label:
-        raise PredictError(f"the one-worker runs of {model} have no forward/backward profile to predict from")
-    if reference is not None:
-        ref = by_label.get(reference.lower())
-        if ref is None:
-            raise PredictError(f"--profile {reference!r} is not among the stored one-worker runs "
-                               f"({', '.join(sorted(by_label))})")
-    else:
-        ref = next(iter(by_label.values()))
+        out.append(_campaign_candidate(key, name, scheme, record, profile, fit_of[id(record)]))
+    ref_record, ref_profile = _reference(profiles, reference)
     for key in schemes:
-        if key == "stored":
-            continue
-        scheme = CATALOGUE[key]
-        if algorithm != "ring" and scheme.algorithm != "ps":
-            scheme = pm.Scheme.from_dict({**scheme.as_dict(), "algorithm": algorithm,
-                                          "name": f"{scheme.name}, {algorithm}"})
-        if key == "ps" and servers is not None:
-            scheme = pm.Scheme.from_dict({**scheme.as_dict(), "servers": servers,
-                                          "name": f"parameter server x{servers}, per layer"})
-        out.append(Candidate(scheme.name, scheme, ref.profile, ref.source, ref.fit))
+        if key in CATALOGUE:
+            scheme = whatif.catalogue_scheme(key, algorithm, servers)
+            out.append(_campaign_candidate(key, scheme.name, scheme, ref_record, ref_profile, fit_of[id(ref_record)]))
     return out
+
+
+def _campaign_candidate(name: str, label: str, scheme: pm.Scheme, record: dict, profile: pm.Profile,
+                        fit: CalibrationFit | None) -> Candidate:
+    source = _source(record)
+    cost = whatif.flat_link_cost(fit.cost if fit is not None else None, scheme.algorithm, max(1, scheme.servers),
+                                 source.rsplit(" ", 1)[0])
+    link = (1.0 / fit.cost.beta if fit is not None and fit.cost.beta > 0 else math.inf,
+            fit.cost.alpha if fit is not None else 0.0)
+    return Candidate(name, label, scheme, profile, source, cost, link,
+                     fit.shares if fit is not None else (0.0, 0.0), record.get("batch_per_worker"))
 
 
 def _with_scheme_from_campaign(record: dict, records: list[dict]) -> dict:
@@ -436,209 +436,117 @@ def _with_scheme_from_campaign(record: dict, records: list[dict]) -> dict:
     return record
 
 
-def whatif_grid(candidates_: list[Candidate], nodes: list[int], bandwidths: list[float | None],
-                latencies: list[float | None], workers_per_node: int = 1) -> list[dict]:
-    """Rows: scheme x nodes x bandwidth x latency with t(N), speedup and efficiency.
-
-    alpha = latency, beta = 1 / bandwidth; None takes the candidate's calibrated value;
-    gamma and the contention shares kappa, kappa_c are the calibration's (0 without one).
-    """
-    rows = []
-    for cand in candidates_:
-        t_one = pm.single_worker_prediction(cand.profile).iter_time
-        calibrated = cand.fit.cost if cand.fit is not None else None
-        for bandwidth in bandwidths:
-            for latency in latencies:
-                if calibrated is None and (bandwidth is None or latency is None):
-                    raise PredictError(f"no calibration stored for {cand.source.rsplit(' ', 1)[0]}: "
-                                       "give --bandwidth and --latency (or run python -m launchers.calibrate)")
-                cost = pm.LinkCost(alpha=latency if latency is not None else calibrated.alpha,
-                                   beta=1.0 / bandwidth if bandwidth is not None else calibrated.beta,
-                                   gamma=calibrated.gamma if calibrated is not None else 0.0)
-                for n in nodes:
-                    p = n * workers_per_node
-                    comm = pm.comm_time_function(cand.scheme.algorithm, p, cost, max(1, cand.scheme.servers))
-                    shares = cand.fit.shares if cand.fit is not None else (0.0, 0.0)
-                    prediction = pm.predict(cand.profile, cand.scheme, comm, *shares) if p > 1 else \
-                        pm.single_worker_prediction(cand.profile)
-                    s = pm.speedup(t_one, prediction.iter_time, p)
-                    rows.append({"scheme": cand.name, "profile": cand.source, "nodes": n, "workers": p,
-                                 "bandwidth": format_bandwidth(1 / cost.beta) if cost.beta > 0 else "inf",
-                                 "latency": format_latency(cost.alpha) if cost.alpha > 0 else "0",
-                                 "iter_ms": prediction.iter_time * 1e3, "t1_ms": t_one * 1e3,
-                                 "comm_exposed_ms": prediction.comm_exposed * 1e3,
-                                 "speedup": s, "efficiency": pm.efficiency(s, p)})
-    return rows
+def cluster_profile(spec: ClusterSpec, model: str, batch: int | None,
+                    reference: str | None) -> tuple[pm.Profile, str, int]:
+    """One worker's compute on the described device: from the campaign its device.profile
+    names (the one-worker run of `model`, at `batch` when given), else from FLOPs; with the
+    source and the batch it is for."""
+    if spec.device.profile is not None:
+        try:
+            with ResultStore.for_campaign(spec.device.profile, create=False) as store:
+                records = store.records()
+        except StoreError as exc:
+            raise PredictError(f"{spec.source}: device.profile: {exc}") from None
+        record, profile = _reference(_stored_profiles(records, model, batch), reference)
+        return profile, f"profile {_source(record)}", int(record.get("batch_per_worker") or 0) or batch
+    if batch is None:
+        raise PredictError(f"give --batch-size (per worker) or [workload] batch_per_worker in {spec.source}")
+    device = spec.device
+    try:
+        profile = flops_profile(model, batch, device.sustained_flops, device.host_to_device, device.memory_bandwidth)
+    except UnknownModel as exc:
+        raise PredictError(str(exc)) from None
+    return profile, f"{device.name} FLOPs b{batch}", batch
 
 
-COLUMNS = ("scheme", "profile", "nodes", "workers", "bandwidth", "latency", "iter_ms", "t1_ms",
-           "comm_exposed_ms", "speedup", "efficiency")
-FORMATS = {"iter_ms": ".2f", "t1_ms": ".2f", "comm_exposed_ms": ".2f", "speedup": ".2f", "efficiency": ".3f"}
-
-
-def _cells(row: dict) -> list[str]:
-    return [format(row[c], FORMATS[c]) if c in FORMATS else str(row[c]) for c in COLUMNS]
-
-
-def text_table(rows: list[dict]) -> str:
-    cells = [list(COLUMNS)] + [_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    numeric = {"nodes", "workers", *FORMATS}
-    lines = []
-    for k, line in enumerate(cells):
-        lines.append("  ".join(cell.rjust(w) if COLUMNS[i] in numeric else cell.ljust(w)
-                               for i, (cell, w) in enumerate(zip(line, widths))).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def csv_text(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: row[k] for k in COLUMNS})
-    return buffer.getvalue()
-
-
-PALETTE = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494",
-           "#ece133", "#56b4e9")
-
-
-def svg_plot(rows: list[dict], title: str) -> str:
-    """Efficiency against workers, one panel per bandwidth x latency, a line per scheme (a
-    hand-written SVG: no plotting library, so the CLI stays fast)."""
-    bandwidths = list(dict.fromkeys(r["bandwidth"] for r in rows))
-    latencies = list(dict.fromkeys(r["latency"] for r in rows))
-    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    workers = sorted({r["workers"] for r in rows})
-    pw, ph, ml, mt, gap = 300, 210, 52, 34, 56
-    legend_h = 18 * len(schemes) + 16
-    width = ml + len(latencies) * (pw + gap) + 10
-    height = mt + 20 + len(bandwidths) * (ph + gap + 24) + legend_h
-    top = max(1.0, max((r["efficiency"] for r in rows), default=1.0))
-    low = min((r["efficiency"] for r in rows), default=0.0)
-    low = 0.0 if low < 0.5 else math.floor((low - 0.005) * 20) / 20  # zoom in when all scale well
-    span = max(top - low, 1e-9)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{html.escape(title)}</text>']
-
-    def x_of(w, x0):
-        if len(workers) == 1:
-            return x0 + pw / 2
-        return x0 + pw * (math.log2(w) - math.log2(workers[0])) / (math.log2(workers[-1]) - math.log2(workers[0]))
-
-    for i, bandwidth in enumerate(bandwidths):
-        for j, latency in enumerate(latencies):
-            x0, y0 = ml + j * (pw + gap), mt + 20 + i * (ph + gap + 24)
-            out.append(f'<text x="{x0 + pw / 2}" y="{y0 - 6}" text-anchor="middle">'
-                       f'{html.escape(bandwidth)}, latency {html.escape(latency)}</text>')
-            out.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
-            for k in range(5):
-                value = low + span * k / 4
-                y = y0 + ph - ph * (value - low) / span
-                out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + pw}" y2="{y:.1f}" stroke="#eee"/>')
-                out.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">{value:.2f}</text>')
-            for w in workers:
-                out.append(f'<text x="{x_of(w, x0):.1f}" y="{y0 + ph + 14}" text-anchor="middle">{w}</text>')
-            for s, scheme in enumerate(schemes):
-                points = sorted((r["workers"], r["efficiency"]) for r in rows
-                                if r["scheme"] == scheme and r["bandwidth"] == bandwidth and r["latency"] == latency)
-                coords = " ".join(f"{x_of(w, x0):.1f},{y0 + ph - ph * (min(e, top) - low) / span:.1f}"
-                                  for w, e in points)
-                color = PALETTE[s % len(PALETTE)]
-                out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
-                for w, e in points:
-                    out.append(f'<circle cx="{x_of(w, x0):.1f}" cy="{y0 + ph - ph * (min(e, top) - low) / span:.1f}" '
-                               f'r="2.5" fill="{color}"/>')
-            if j == 0:
-                out.append(f'<text x="{x0 - 40}" y="{y0 + ph / 2}" transform="rotate(-90 {x0 - 40} {y0 + ph / 2})" '
-                           f'text-anchor="middle">efficiency E = S/N</text>')
-            out.append(f'<text x="{x0 + pw / 2}" y="{y0 + ph + 27}" text-anchor="middle">workers N</text>')
-    ly = height - legend_h + 8
-    for s, scheme in enumerate(schemes):
-        color = PALETTE[s % len(PALETTE)]
-        out.append(f'<line x1="{ml}" y1="{ly + 18 * s}" x2="{ml + 24}" y2="{ly + 18 * s}" stroke="{color}" stroke-width="3"/>')
-        out.append(f'<text x="{ml + 30}" y="{ly + 18 * s + 4}">{html.escape(scheme)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
+# --------------------------------------------------------------------------- the CLI
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="python -m analysis.predict",
         description="Predict iteration time, speedup and efficiency of each aggregation scheme at node "
-                    "counts, bandwidths and latencies you do not have, from a campaign's one-worker "
-                    "profile and calibration.")
-    parser.add_argument("--from", dest="source", required=True, metavar="DIR",
-                        help="campaign folder holding results.sqlite")
-    parser.add_argument("--model", required=True, help="model whose one-worker profile to use")
-    parser.add_argument("--nodes", default="2,4,8,16", help="node counts (default: %(default)s)")
-    parser.add_argument("--workers-per-node", default="1", help="workers per node (default: %(default)s)")
+                    "counts, bandwidths and latencies you do not have: from a campaign's one-worker profile "
+                    "and calibration (--from), or on a GPU cluster described in a TOML file (--cluster).")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="source", metavar="DIR", help="campaign folder holding results.sqlite")
+    source.add_argument("--cluster", metavar="FILE", help="cluster description (TOML; see examples/cluster.toml)")
+    parser.add_argument("--model", default=None, help="model (--cluster: default the file's [workload] model)")
+    parser.add_argument("--batch-size", "--batch", dest="batch", default=None,
+                        help="per-worker batch (--from: of the stored profile, default the largest)")
+    parser.add_argument("--nodes", default=None, help="node counts (default: --from 2,4,8,16; --cluster the file's)")
+    parser.add_argument("--workers-per-node", default=None,
+                        help="workers per node, comma list (default: --from 1; --cluster the file's)")
     parser.add_argument("--bandwidth", default=None,
-                        help="link bandwidths, e.g. 10Gbit,56Gbit,100Gbit or 1.25GB/s (default: calibrated)")
-    parser.add_argument("--latency", default=None, help="link latencies, e.g. 5us,50us (default: calibrated)")
-    parser.add_argument("--batch", default=None, help="per-worker batch of the profile (default: the largest stored)")
-    parser.add_argument("--schemes", default="all",
-                        help="'stored' (each framework's own), 'all' (stored and catalogue), or a comma list of "
-                             f"stored,{','.join(CATALOGUE)} (default: %(default)s)")
+                        help="link (--cluster: the NIC's) bandwidths, e.g. 10Gbit,56Gbit,100Gbit or 1.25GB/s "
+                             "(default: calibrated, or the file's)")
+    parser.add_argument("--latency", default=None, help="link (--cluster: the NIC's) latencies, e.g. 5us,50us "
+                                                        "(default: calibrated, or the file's)")
+    parser.add_argument("--schemes", default=None,
+                        help="comma list of study schemes by CLI name (" + ", ".join(whatif.STUDY_SCHEMES)
+                             + "), catalogue schemes (" + ", ".join(CATALOGUE) + "), 'study', 'all', and with "
+                             "--from 'stored' (each framework's own) (default: --from all; --cluster study)")
     parser.add_argument("--profile", default=None,
-                        help="framework label whose profile the catalogue schemes use (default: the first)")
-    parser.add_argument("--ps", default=None, help="parameter servers for the ps schemes (default: as stored, or 1)")
+                        help="framework label whose one-worker profile the catalogue (or the cluster file's "
+                             "device.profile) uses (default: the first)")
+    parser.add_argument("--ps", default=None, help="parameter servers of the ps schemes (default: as stored; "
+                                                   "--cluster the file's, else one per node)")
     parser.add_argument("--algorithm", default="ring", choices=[a for a in pm.ALGORITHMS if a not in ("ps", "p2p")],
                         help="all-reduce algorithm of the catalogue schemes (default: %(default)s)")
-    parser.add_argument("--out", default=None, help="folder for the CSV, Markdown and SVG (default: DIR/whatif)")
-    parser.add_argument("--no-files", action="store_true", help="print the table only")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per row instead of the table (no files unless --out)")
+    parser.add_argument("--out", default=None,
+                        help="folder for the CSV, Markdown and PNG (default: DIR/whatif, or results/whatif)")
+    parser.add_argument("--no-files", action="store_true", help="print only")
     return parser
 
 
+def _sweep(text: str | None, parse, what: str) -> list:
+    return [parse(item) for item in items(text, what)] if text else [None]
+
+
+def _counts(text: str | None, default: list[int], what: str) -> list[int]:
+    return parse_counts(text, what) if text else default
+
+
 def run(args) -> tuple[list[dict], dict[str, Path]]:
-    nodes = parse_counts(args.nodes, "--nodes")
-    workers_per_node = parse_counts(args.workers_per_node, "--workers-per-node")
-    if len(workers_per_node) != 1:
-        raise PredictError("--workers-per-node takes one number")
-    bandwidths = [parse_bandwidth(b) for b in items(args.bandwidth, "--bandwidth")] if args.bandwidth else [None]
-    latencies = [parse_latency(lat) for lat in items(args.latency, "--latency")] if args.latency else [None]
-    batch = parse_counts(args.batch, "--batch")[0] if args.batch else None
+    """The what-if of the parsed command line: rows (`whatif.ROW_KEYS`) and the files written."""
+    bandwidths = _sweep(args.bandwidth, parse_bandwidth, "--bandwidth")
+    latencies = _sweep(args.latency, parse_latency, "--latency")
+    batch = parse_counts(args.batch, "--batch-size")[0] if args.batch else None
     servers = parse_counts(args.ps, "--ps")[0] if args.ps else None
-    names = items(args.schemes, "--schemes")
-    if names == ["all"]:
-        names = ["stored", *CATALOGUE]
-    unknown = [n for n in names if n != "stored" and n not in CATALOGUE]
-    if unknown:
-        raise PredictError(f"unknown scheme {unknown[0]!r} (known: all, stored, {', '.join(CATALOGUE)})")
-    folder = Path(args.source)
-    try:
-        with ResultStore.for_campaign(folder, create=False) as store:
-            records = store.records()
-            fits = store.calibration_fits()
-    except StoreError as exc:
-        raise PredictError(str(exc)) from None
-    chosen = candidates(records, fits, args.model, batch, names, args.profile, servers, args.algorithm)
-    rows = whatif_grid(chosen, nodes, bandwidths, latencies, workers_per_node[0])
-    written = {}
-    if not args.no_files:
-        out = Path(args.out) if args.out else folder / "whatif"
+    if args.cluster is not None:
+        spec = load_cluster(args.cluster)
+        model = args.model or spec.model
+        if not model:
+            raise PredictError(f"give --model or [workload] model in {args.cluster}")
+        names = whatif.scheme_names(items(args.schemes or "study", "--schemes"))
+        profile, source, batch = cluster_profile(spec, model, batch or spec.batch_per_worker, args.profile)
+        chosen = whatif.cluster_candidates(spec, names, profile, source, batch, args.algorithm, servers)
+        nodes = _counts(args.nodes, [spec.nodes], "--nodes")
+        per_node = _counts(args.workers_per_node, [spec.workers_per_node], "--workers-per-node")
+        folder, title = Path("results") / "whatif", f"Predicted efficiency on {spec.device.name} nodes, {model}"
+    else:
+        if not args.model:
+            raise PredictError("--from needs --model")
+        model = args.model
+        names = [name.strip().lower() for name in items(args.schemes or "all", "--schemes")]
+        names = [n for name in names for n in (["stored", *CATALOGUE] if name == "all" else [name])]
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            stem = f"whatif_{args.model}"
-            written["csv"] = out / f"{stem}.csv"
-            written["csv"].write_text(csv_text(rows), encoding="utf-8")
-            written["md"] = out / f"{stem}.md"
-            written["md"].write_text(f"# What-if: {args.model}\n\n{markdown_table(rows)}", encoding="utf-8")
-            written["svg"] = out / f"{stem}.svg"
-            written["svg"].write_text(svg_plot(rows, f"Predicted weak-scaling efficiency, {args.model}"),
-                                      encoding="utf-8")
+            with ResultStore.for_campaign(Path(args.source), create=False) as store:
+                records, fits = store.records(), store.calibration_fits()
+        except StoreError as exc:
+            raise PredictError(str(exc)) from None
+        chosen = candidates(records, fits, model, batch, list(dict.fromkeys(names)), args.profile, servers,
+                            args.algorithm)
+        nodes = _counts(args.nodes, [2, 4, 8, 16], "--nodes")
+        per_node = _counts(args.workers_per_node, [1], "--workers-per-node")
+        folder, title = Path(args.source) / "whatif", f"Predicted weak-scaling efficiency, {model}"
+    rows = whatif.evaluate(chosen, nodes, per_node, bandwidths, latencies, model)
+    written = {}
+    if not args.no_files and not (args.json and args.out is None):
+        out = Path(args.out) if args.out else folder
+        try:
+            written = whatif.write_outputs(rows, out, f"whatif_{model}", title)
         except OSError as exc:
             raise PredictError(f"cannot write to {out}: {exc.strerror or exc}") from None
     return rows, written
@@ -649,11 +557,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rows, written = run(args)
-    except (PredictError, UnitError) as exc:
+    except (PredictError, UnitError, ClusterError, WhatIfError) as exc:
         return fail(exc)
-    print(text_table(rows))
+    if args.json:
+        sys.stdout.write(whatif.json_lines(rows))
+    else:
+        print(whatif.markdown(rows), end="")
     for kind, path in written.items():
-        print(f"{kind}: {path}")
+        print(f"{kind}: {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

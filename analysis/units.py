@@ -1,6 +1,7 @@
 """Quantities as people write them on a command line or in a file: bandwidths ('10Gbit',
-'1.25GB/s'), latencies ('5us'), comma lists of counts; and back to text.  Shared by the
-what-if CLI, the calibration's relinking, the campaign's link shaping and the figures."""
+'1.25GB/s'), latencies ('5us'), compute rates ('11.8 TFLOP/s'), per-byte costs ('0.2ns/B'),
+comma lists of counts; and back to text.  Shared by the what-if CLI and its cluster files,
+the calibration's relinking, the campaign's link shaping and the figures."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ _BANDWIDTH = re.compile(_NUMBER + r"\s*(k|K|M|G|T|Ki|KI|ki|Mi|Gi|Ti)?(bit|bits|b
 _LATENCY = re.compile(_NUMBER + r"\s*(ns|us|µs|μs|ms|s)")
 _SIZE = re.compile(r"([0-9]+)\s*(|K|M|G|KB|MB|GB|KiB|MiB|GiB|k|kB)", re.IGNORECASE)
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0}
+_FLOPS = re.compile(_NUMBER + r"\s*(k|K|M|G|T|P)?\s*(FLOP/s|FLOPS|flop/s|flops)")
+_PER_BYTE = re.compile(_NUMBER + r"\s*(ns|us|µs|μs|ms|s)\s*/\s*(B|byte)")
 
 
 def parse_bandwidth(text: str) -> float:
@@ -34,6 +37,26 @@ def parse_bandwidth(text: str) -> float:
     if value <= 0:
         raise UnitError(f"bandwidth must be positive, got {text!r}")
     return value
+
+
+def parse_flops(text: str) -> float:
+    """'11.8 TFLOP/s', '12TFLOPS', '900 GFLOP/s' -> floating-point operations per second
+    (k, M, G, T, P are powers of 1000; a unit is required)."""
+    match = _FLOPS.fullmatch(str(text).strip())
+    if not match:
+        raise UnitError(f"cannot read compute rate {text!r}: give a number and a unit, e.g. 11.8 TFLOP/s")
+    value = float(match.group(1)) * {**_PREFIX, "P": 1e15}[match.group(2) or ""]
+    if value <= 0:
+        raise UnitError(f"compute rate must be positive, got {text!r}")
+    return value
+
+
+def parse_per_byte(text: str) -> float:
+    """'0.2ns/B', '1 us/byte' -> seconds per byte (0 allowed)."""
+    match = _PER_BYTE.fullmatch(str(text).strip())
+    if not match:
+        raise UnitError(f"cannot read per-byte cost {text!r}: give a time per byte, e.g. 0.2ns/B")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
 def parse_latency(text: str) -> float:
@@ -66,6 +89,13 @@ def format_bandwidth(bytes_per_s: float) -> str:
         if bits >= size:
             return f"{bits / size:g}{unit}"
     return f"{bits:g}bit"
+
+
+def format_flops(per_second: float) -> str:
+    for unit, size in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if per_second >= size:
+            return f"{per_second / size:.4g} {unit}"
+    return f"{per_second:.4g} FLOP/s"
 
 
 def format_latency(seconds: float) -> str:

@@ -2,11 +2,19 @@
 
     python -m bench.perfmodel_predict [--rounds 5]
 
-Builds a throw-away campaign with one-worker ResNet-50 profiles of three schemes (DDP-like
-buckets, whole gradient after backward, layer-wise tensors) and a calibration, then times
-`analysis.predict.run` in this process (store read, prediction of every scheme at every grid
-point, table, CSV, Markdown, SVG) and the CLI as a user runs it (a fresh interpreter).
-Target: under one second.  Runs in the launcher's environment (re-executes itself there).
+Two what-ifs, each timed in this process (`analysis.predict.run`) and as a user runs it (a
+fresh interpreter):
+
+- ``--from``: a throw-away campaign with one-worker ResNet-50 profiles of three schemes
+  (DDP-like buckets, whole gradient after backward, layer-wise tensors) and a calibration,
+  predicted with the catalogue too (9 schemes), writing CSV, Markdown and the PNG plot;
+- ``--cluster examples/cluster.toml``: the study's 8 schemes (torch:ddp, horovod,
+  cntk-style, caffe-mpi-style, tf:collective, tf:ps, mxnet:dist_sync,
+  mxnet:dist_device_sync) on the described cluster's hierarchy, compute from ResNet-50's
+  FLOPs: the answer (rows and table), the CLI with --json, and the CLI writing its files.
+
+Target: the 8-scheme grid answers in under one second.  Runs in the launcher's environment
+(re-executes itself there).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from core.cli import OneLineParser
 from core.envs import REPO_ROOT, reexec_in_host_env
 
 GRID = ["--nodes", "2,4,8,16", "--bandwidth", "10Gbit,56Gbit,100Gbit", "--latency", "5us,50us"]
+STUDY = "torch:ddp,horovod,cntk-style,caffe-mpi-style,tf:collective,tf:ps,mxnet:dist_sync,mxnet:dist_device_sync"
 SCHEMES = {
     "torch": ("PyTorch DDP", "ddp", {"overlap": True, "granularity": "bucket", "bucket_bytes": 25 * 2 ** 20,
                                      "first_bucket_bytes": 2 ** 20, "profile_granularity": "whole",
@@ -59,39 +68,80 @@ def make_campaign(folder: Path, model: str = "resnet50") -> Path:
     return folder
 
 
+def timed(call, rounds: int) -> tuple[list[float], list[float], object]:
+    """Wall and CPU seconds of `call()` per round, and its last result."""
+    wall, cpu, result = [], [], None
+    for _ in range(rounds):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        result = call()
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    return wall, cpu, result
+
+
+def fresh_cli(arguments: list[str], rounds: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of `python -m analysis.predict ARGUMENTS` per round."""
+    wall, cpu = [], []
+    for _ in range(rounds):
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "analysis.predict", *arguments], cwd=REPO_ROOT,
+                              capture_output=True, text=True)
+        wall.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr)
+    return wall, cpu
+
+
+def line(what: str, seconds: list[float], cpu: list[float] | None = None) -> str:
+    text = f"  {what:<58} median {statistics.median(seconds) * 1e3:5.0f} ms, max {max(seconds) * 1e3:5.0f} ms"
+    return text + (f", CPU {statistics.median(cpu) * 1e3:.0f} ms" if cpu else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m bench.perfmodel_predict", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.perfmodel_predict", sys.argv[1:] if argv is None else argv)
-    from analysis import predict
+    from analysis import predict, whatif
 
+    rounds = args.rounds
     with tempfile.TemporaryDirectory() as tmp:
         out = make_campaign(Path(tmp) / "campaign")
-        cli = ["--from", str(out), "--model", "resnet50", *GRID]
-        inside, fresh, rows, fresh_cpu = [], [], [], []
-        for _ in range(args.rounds):
-            started = time.perf_counter()
-            rows, _ = predict.run(predict.build_parser().parse_args(cli))
-            inside.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-            done = subprocess.run([sys.executable, "-m", "analysis.predict", *cli], cwd=REPO_ROOT,
-                                  capture_output=True, text=True)
-            fresh.append(time.perf_counter() - started)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            fresh_cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime)
-            if done.returncode != 0:
-                print(done.stderr, file=sys.stderr)
-                return 1
-        schemes = len({r["scheme"] for r in rows})
-        print(f"what-if resnet50, 4 nodes x 3 bandwidths x 2 latencies x {schemes} schemes = {len(rows)} predictions")
-        print(f"  in process (read store, predict, write csv/md/svg): median {statistics.median(inside) * 1e3:.0f} ms, "
-              f"max {max(inside) * 1e3:.0f} ms over {args.rounds} rounds")
-        print(f"  CLI, fresh interpreter:                            median {statistics.median(fresh) * 1e3:.0f} ms, "
-              f"max {max(fresh) * 1e3:.0f} ms, CPU {statistics.median(fresh_cpu) * 1e3:.0f} ms")
+        campaign = ["--from", str(out), "--model", "resnet50", *GRID]
+        inside, inside_cpu, rows = timed(lambda: predict.run(predict.build_parser().parse_args(campaign))[0], rounds)
+        fresh, fresh_cpu = fresh_cli(campaign, rounds)
+        print(f"what-if --from, resnet50, 4 nodes x 3 bandwidths x 2 latencies x {len({r['scheme'] for r in rows})} "
+              f"schemes = {len(rows)} predictions")
+        print(line("in process (read store, predict, write csv/md/png):", inside, inside_cpu))
+        print(line("CLI, fresh interpreter:", fresh, fresh_cpu))
+
+        cluster = ["--cluster", str(REPO_ROOT / "examples" / "cluster.toml"), "--model", "resnet50",
+                   "--schemes", STUDY, *GRID]
+
+        def answer():
+            rows = predict.run(predict.build_parser().parse_args([*cluster, "--no-files"]))[0]
+            whatif.markdown(rows)
+            return rows
+
+        answers, answers_cpu, rows = timed(answer, rounds)
+        files, files_in_cpu, _ = timed(lambda: predict.run(predict.build_parser().parse_args([*cluster, "--out", tmp])),
+                                       rounds)
+        json_wall, json_cpu = fresh_cli([*cluster, "--json"], rounds)
+        files_wall, files_cpu = fresh_cli([*cluster, "--out", tmp], rounds)
+        print(f"what-if --cluster, resnet50, 4 nodes x 3 bandwidths x 2 latencies x {len({r['scheme'] for r in rows})} "
+              f"study schemes = {len(rows)} predictions")
+        print(line("in process, the answer (read the file, predict, table):", answers, answers_cpu))
+        print(line("in process, with csv/md/png written:", files, files_in_cpu))
+        print(line("CLI --json, fresh interpreter:", json_wall, json_cpu))
+        print(line("CLI writing csv/md/png, fresh interpreter:", files_wall, files_cpu))
         print(f"  machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-        print(f"  target < 1000 ms: {'met' if statistics.median(fresh) < 1.0 else 'NOT met'}")
+        met = statistics.median(answers) < 1.0
+        print(f"  target: the 8-scheme grid answers in < 1000 ms (wall, in process): {'met' if met else 'NOT met'}"
+              + ("" if met or statistics.median(answers_cpu) >= 1.0 else
+                 f"; its CPU time {statistics.median(answers_cpu) * 1e3:.0f} ms: the machine is loaded"))
     return 0
 
 

@@ -46,6 +46,22 @@ def test_tree_and_recursive_doubling_by_hand():
     assert pm.halving_doubling_allreduce(N, 4, COST) == approx(40 * US + 1.875 * MS)
 
 
+def test_recursive_doubling_and_halving_fold_the_ranks_beyond_a_power_of_two():
+    """p = 6: q = 4 ranks run the algorithm, the r = 2 others first hand their vector to a
+    partner (alpha + n beta, summed there: n gamma) and get the result back (alpha + n beta):
+    the fold costs 2 (10 us + 1 ms) + 0.5 ms = 2.52 ms."""
+    fold = 2 * (10 * US + 1 * MS) + 0.5 * MS
+    # recursive doubling on q = 4: 2 rounds of (10 us + 1 ms + 0.5 ms) = 3.02 ms
+    assert pm.recursive_doubling_allreduce(N, 6, COST) == approx(2 * (10 * US + 1.5 * MS) + fold)
+    # Rabenseifner on q = 4: 40 us + 1.5 ms + 0.375 ms = 1.915 ms
+    assert pm.halving_doubling_allreduce(N, 6, COST) == approx(40 * US + 1.875 * MS + fold)
+    # p = 3: q = 2, one round (1.51 ms) plus the fold; 5 and 7 fold onto 4
+    assert pm.recursive_doubling_allreduce(N, 3, COST) == approx(10 * US + 1.5 * MS + fold)
+    assert pm.recursive_doubling_allreduce(N, 5, COST) == pm.recursive_doubling_allreduce(N, 7, COST)
+    # a power of two needs no fold: 8 = 3 rounds
+    assert pm.recursive_doubling_allreduce(N, 8, COST) == approx(3 * (10 * US + 1.5 * MS))
+
+
 def test_parameter_server_by_hand():
     # p = 4 workers, S = 2 servers: each server link carries 4 * n/2 = 2n bytes each way
     # 2 alpha + 2 * 2 * n beta + (p-1)/S n gamma = 20 us + 4 ms + 0.75 ms
@@ -182,6 +198,39 @@ def test_greedy_merging_saves_latency_only_when_it_does_not_delay():
     beta_only = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))
     apart = pm.merge_greedy(pm.group_by_tensor(grads([1, 1], [0.0, 10.0])), beta_only)
     assert [m.nbytes for m in apart] == [1, 1]
+
+
+def test_greedy_merging_follows_mgwfbps_rule_and_keeps_ties_apart():
+    """T(n) = 1 + n (alpha = 1 s): a (1 byte) ready at 0 starts at s_a = 0; b joins it only
+    when r_b < s_a + alpha = 1.  At r_b = 1 the two end b at the same time either way
+    (apart: a 0..2, b 2..4; together 1..4) but apart a ends sooner: no merge."""
+    cost = pm.comm_time_function("p2p", 2, pm.LinkCost(alpha=1.0, beta=1.0))
+    assert pm.startup_cost(cost) == 1.0
+    for ready_b, expected in ((0.0, [2]), (0.999, [2]), (1.0, [1, 1]), (1.5, [1, 1])):
+        merged = pm.merge_greedy(pm.group_by_tensor(grads([1, 1], [0.0, ready_b])), cost)
+        assert [m.nbytes for m in merged] == expected, ready_b
+    # the rule counts from when the pending message could start, s = max(r, e_prev): a + b
+    # (b ready 0.5 < 0 + 1) is ready at 0.5 and runs 0.5..3.5; c (ready 2.5) could start at
+    # 3.5, so d joins it when ready before 4.5
+    for ready_d, expected in ((4.4, [2, 2]), (4.5, [2, 1, 1])):
+        messages = pm.group_by_tensor(grads([1, 1, 1, 1], [0.0, 0.5, 2.5, ready_d]))
+        assert [m.nbytes for m in pm.merge_greedy(messages, cost)] == expected, ready_d
+
+
+def test_greedy_rule_is_ending_strictly_sooner_for_an_affine_cost():
+    """With T = a + n b, a > 0, the rule r_b < s_a + a is exactly "together ends strictly
+    sooner" (with a = 0 merging saves nothing: b ends at the same time either way)."""
+    rng = random.Random(3)
+    for _ in range(500):
+        alpha, beta = rng.choice([0.25, 0.5, 1.0]), rng.choice([0.0, 0.125, 1.0])  # exact in binary: ties are ties
+        cost = pm.comm_time_function("p2p", 2, pm.LinkCost(alpha=alpha, beta=beta))
+        n_a, n_b = rng.randint(1, 5), rng.randint(1, 5)
+        r_a, r_b = rng.choice([0.0, 1.0]), rng.choice([0.0, 0.5, 1.0, 1.5, 2.0, 3.0])
+        start_a = r_a
+        apart_b = max(r_b, start_a + cost(n_a)) + cost(n_b)
+        together = max(start_a, r_b) + cost(n_a + n_b)
+        merged = pm.merge_greedy([pm.Message(n_a, r_a, ("a",)), pm.Message(n_b, r_b, ("b",))], cost)
+        assert (len(merged) == 1) == (together < apart_b), (alpha, beta, n_a, n_b, r_a, r_b)
 
 
 def test_greedy_merging_respects_a_fusion_cap_and_cycle():
@@ -413,3 +462,102 @@ def test_perfmodel_is_standard_library_only():
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= {"__future__", "bisect", "math", "dataclasses", "typing"}, imported
+
+
+# --------------------------------------------------------------------------- hierarchy
+
+# intra-node link 5 us, 1 ns/B (1 GB/s); NIC 2 us, 2 ns/B (500 MB/s); gamma 0.1 ns/B
+FABRIC = pm.Fabric(intra=pm.LinkCost(5 * US, 1e-9), inter=pm.LinkCost(2 * US, 2e-9), gamma=0.1e-9)
+
+
+def test_flat_ring_goes_at_the_pace_of_its_slowest_hop():
+    """2 nodes x 2 workers, p = 4, n = 1 MB: 2(p-1) = 6 steps of max(5, 2) = 5 us;
+    2(p-1)/p n = 1.5 MB at the NIC's 2 ns/B = 3 ms; (p-1)/p n gamma = 75 us."""
+    cost = pm.ring_on(pm.Topology(2, 2), FABRIC)
+    assert cost(N) == approx(30 * US + 3 * MS + 75 * US)
+    assert cost.breakdown(N) == {"link latency": approx(30 * US), "NIC": approx(3 * MS), "reduction": approx(75 * US)}
+    # one node: only intra hops (2 steps of 5 us, 0.5 MB at 1 ns/B); one worker per node: only the NIC
+    assert pm.ring_on(pm.Topology(1, 2), FABRIC)(N) == approx(10 * US + 1 * MS + 50 * US)
+    assert pm.ring_on(pm.Topology(2, 1), FABRIC)(N) == approx(4 * US + 2 * MS + 50 * US)
+    # a faster NIC than the intra-node link: the intra-node link paces the ring
+    fast_nic = pm.Fabric(intra=pm.LinkCost(5 * US, 1e-9), inter=pm.LinkCost(2 * US, 0.5e-9))
+    assert set(pm.ring_on(pm.Topology(2, 2), fast_nic).breakdown(N)) == {"link latency", "intra-node link"}
+
+
+def test_transport_software_cost_and_efficiency():
+    """nccl-like alpha_s = 3 us per step and 80 % of a link's bandwidth, 2 x 1: 2 steps of
+    (2 + 3) us, 1 MB at 2 ns/B / 0.8 = 2.5 ms."""
+    fabric = pm.Fabric(intra=FABRIC.intra, inter=FABRIC.inter, software=pm.LinkCost(3 * US), efficiency=0.8)
+    cost = pm.ring_on(pm.Topology(2, 1), fabric)
+    assert cost(N) == approx(10 * US + 2.5 * MS)
+    assert cost.breakdown(N)["per-message software cost"] == approx(6 * US)
+
+
+def test_two_level_all_reduce_by_hand():
+    """4 nodes x 4 workers, n = 1 MB: reduce-scatter and all-gather in the node, 2 (G-1) = 6
+    steps of 5 us and 2 (G-1)/G n = 1.5 MB at 1 ns/B = 1.5 ms; each worker's 1/4 shard
+    all-reduced across nodes, 2 (N-1) = 6 steps of 2 us, the 4 shards together through the
+    NIC: 2 (N-1)/N n = 1.5 MB at 2 ns/B = 3 ms; sums (3/4 + 3/16) n gamma = 93.75 us."""
+    cost = pm.two_level_on(pm.Topology(4, 4), FABRIC)
+    assert cost(N) == approx(30 * US + 12 * US + 1.5 * MS + 3 * MS + 93.75 * US)
+    # the flat ring on the same cluster: 30 steps of 5 us, 1.875 MB at the NIC's 2 ns/B
+    assert pm.ring_on(pm.Topology(4, 4), FABRIC)(N) == approx(150 * US + 3.75 * MS + 93.75 * US)
+    # one worker per node or one node: the two-level all-reduce is the flat ring
+    for topology in (pm.Topology(4, 1), pm.Topology(1, 4)):
+        assert pm.two_level_on(topology, FABRIC)(N) == approx(pm.ring_on(topology, FABRIC)(N))
+
+
+def test_one_link_everywhere_is_the_flat_model():
+    cost = pm.LinkCost(10 * US, 1e-9, 0.5e-9)
+    for nodes, per_node in ((1, 2), (2, 1), (2, 2), (4, 4), (3, 5)):
+        flat = pm.comm_time_function("ring", nodes * per_node, cost)
+        assert pm.ring_on(pm.Topology(nodes, per_node), pm.Fabric.flat(cost))(N) == approx(flat(N))
+
+
+def test_parameter_servers_share_the_nodes_nics():
+    """2 nodes x 2 workers, one server on node 0 (n = 1 MB each way per worker): node 1's
+    NIC sends both its workers' whole gradients (2 n) and node 0's receives them (2 n); node
+    0's server takes n from each local worker over its intra-node link (2 n).  A push or
+    pull: 2 us + max(2 MB x 1 ns/B, 2 MB x 2 ns/B) = 4 ms; server sums (P-1)/S n gamma."""
+    cost = pm.ps_on(pm.Topology(2, 2), FABRIC, servers=1)
+    assert pm.server_loads(2, 2, 1) == (2.0, 2.0, False)
+    assert cost(N) == approx(2 * 2 * US + 2 * 4 * MS + 3 * 0.1 * MS)
+    # one server per node: each NIC sends 2 n / 2 and receives 2 n / 2; each server takes n
+    assert pm.server_loads(2, 2, 2) == (1.0, 1.0, False)
+    # 4 nodes x 1 worker, one server: node 0 receives 3 n -- the server side binds
+    assert pm.server_loads(4, 1, 1) == (1.0, 3.0, True)
+    assert "parameter server" in pm.ps_on(pm.Topology(4, 1), FABRIC, servers=1).breakdown(N)
+    # servers on machines of their own: worker NICs send G n = 2 n, 2 servers take 4 n / 2
+    assert pm.server_loads(2, 2, 2, "dedicated") == (1.0, 2.0, False)
+    # one node: the flat formula with the server links taken as intra-node links
+    flat = pm.ps_pushpull(N, 4, 2, pm.LinkCost(5 * US, 1e-9, 0.1e-9))
+    assert pm.ps_on(pm.Topology(1, 4), FABRIC, servers=2)(N) == approx(flat)
+    with pytest.raises(ValueError):
+        pm.server_loads(2, 2, 1, "nowhere")
+
+
+def test_local_reduce_then_one_push_per_node():
+    """MXNet dist_device_sync, 2 nodes x 4 devices, one server per node: the node's reduce
+    and broadcast (2 x 3 steps of 5 us, 2 x 3/4 MB at 1 ns/B, 3/4 n gamma) and one push/pull
+    per node (1 pusher per node: each NIC carries n / 2 each way; 2 us + 0.5 MB x 2 ns/B)."""
+    scheme = pm.Scheme(algorithm="ps", servers=2, topology="local_reduce")
+    cost = pm.topology_cost(scheme, pm.Topology(2, 4), FABRIC)
+    inside = 30 * US + 1.5 * MS + 0.075 * MS
+    across = 2 * (2 * US + 1 * MS) + 0.5 * 0.1 * MS
+    assert cost(N) == approx(inside + across)
+    # against every worker pushing: each NIC carries 4 n / 2 = 2 n each way
+    every = pm.topology_cost(pm.Scheme(algorithm="ps", servers=2), pm.Topology(2, 4), FABRIC)
+    assert every(N) == approx(2 * (2 * US + 4 * MS) + 7 / 2 * 0.1 * MS)
+    with pytest.raises(ValueError):
+        pm.Scheme(algorithm="tree", topology="two_level")
+
+
+def test_bottleneck_names_what_the_iteration_waits_for():
+    prof = profile([1.0, 1.0], [1_000_000, 1_000_000], forward=1.0, update=0.0)
+    scheme = pm.Scheme(overlap=True, granularity="layer")
+    cheap = pm.ring_on(pm.Topology(2, 2), FABRIC)  # 3 ms per 1 MB: hidden behind 1 s layers
+    assert pm.bottleneck(pm.predict(prof, scheme, cheap), cheap) == "compute"
+    slow = pm.ring_on(pm.Topology(2, 2), pm.Fabric(intra=FABRIC.intra, inter=pm.LinkCost(2 * US, 2e-6)))
+    assert pm.bottleneck(pm.predict(prof, scheme, slow), slow) == "NIC"
+    chatty = pm.ring_on(pm.Topology(2, 2), pm.Fabric(inter=pm.LinkCost(0.5, 0.0), intra=pm.LinkCost(0.5, 0.0)))
+    assert pm.bottleneck(pm.predict(prof, scheme, chatty), chatty) == "link latency"

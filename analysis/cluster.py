@@ -1,0 +1,296 @@
+"""A GPU cluster described in a TOML file (`python -m analysis.predict --cluster FILE`).
+
+Read with the standard library's `tomllib`; every quantity carries its unit, as on the
+command line (`analysis.units`): bandwidths '12 GB/s' or '56Gbit', latencies '2us', compute
+rates '11.8 TFLOP/s', per-byte costs '0.2ns/B'.  Every key, its unit and its default is in
+`SCHEMA` below and in docs/prediction.md; examples/cluster.toml is a commented example.  A
+file that cannot be read, a section or key this module does not know, a missing required
+key or a value it cannot read is a `ClusterError` whose message is one line naming the
+file and the key.
+
+Sections: ``[device]`` one worker's compute (peak FLOP/s x efficiency, memory and
+host-to-device bandwidth, or ``profile`` = a campaign folder whose one-worker run gives the
+compute), ``[nodes]`` count and workers per node, ``[intra_node]`` the link between the
+workers of a node, ``[inter_node]`` the NIC all workers of a node share, optional
+``[transport.<name>]`` a transport's software cost (grpc, ps-lite, nccl, mpi, gloo),
+``[parameter_servers]``, ``[contention]`` (none unless given: a described cluster's
+communication runs beside its compute) and ``[workload]`` (model and per-worker batch,
+which the command line may give instead).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from analysis import perfmodel as pm
+from analysis.units import UnitError, parse_bandwidth, parse_flops, parse_latency, parse_per_byte
+
+TRANSPORTS: tuple[str, ...] = ("grpc", "ps-lite", "nccl", "mpi", "gloo")
+# gamma: summing two float32 buffers reads two bytes and writes one per byte of result
+BYTES_MOVED_PER_BYTE_SUMMED = 3
+
+
+class ClusterError(ValueError):
+    """A cluster file that cannot be used; the message is one line."""
+
+
+def _text(value, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ClusterError(f"{where} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _count(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ClusterError(f"{where} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _fraction(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ClusterError(f"{where} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _share(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ClusterError(f"{where} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _unit(parse: Callable[[str], float]) -> Callable[[object, str], float]:
+    def read(value, where: str) -> float:
+        if not isinstance(value, str):
+            raise ClusterError(f"{where} needs a unit, as a string (e.g. \"12 GB/s\", \"2us\"), got {value!r}")
+        try:
+            return parse(value)
+        except UnitError as error:
+            raise ClusterError(f"{where}: {error}") from None
+    return read
+
+
+def _placement(value, where: str) -> str:
+    if value not in pm.PLACEMENTS:
+        raise ClusterError(f"{where} must be one of {', '.join(pm.PLACEMENTS)}, got {value!r}")
+    return value
+
+
+# section -> key -> (reader, required, what it is).  The documentation of every key.
+SCHEMA: dict[str, dict[str, tuple[Callable, bool, str]]] = {
+    "device": {
+        "name": (_text, True, "the worker's device, for the output"),
+        "peak_flops": (_unit(parse_flops), False, "peak float32 rate, e.g. \"11.8 TFLOP/s\" (needed without profile)"),
+        "efficiency": (_fraction, False, "sustained share of peak on conv nets, 0..1 (needed without profile)"),
+        "memory_bandwidth": (_unit(parse_bandwidth), False,
+                             "device memory bandwidth: the update (20 bytes per parameter) and the "
+                             "reduction cost gamma = 3 / memory_bandwidth (needed without profile)"),
+        "host_to_device": (_unit(parse_bandwidth), False, "host-to-device copy of the batch (needed without profile)"),
+        "profile": (_text, False, "a campaign folder (relative to this file) whose one-worker run of the model "
+                                  "gives the compute instead of FLOPs"),
+    },
+    "nodes": {
+        "count": (_count, True, "nodes"),
+        "workers_per_node": (_count, True, "workers (devices) per node"),
+    },
+    "intra_node": {
+        "bandwidth": (_unit(parse_bandwidth), True, "one worker's link to the others of its node (PCIe, NVLink, "
+                                                   "shared memory)"),
+        "latency": (_unit(parse_latency), False, "its one-way latency (default 0us)"),
+    },
+    "inter_node": {
+        "bandwidth": (_unit(parse_bandwidth), True, "the node's NIC, shared by all its workers and servers"),
+        "latency": (_unit(parse_latency), False, "its one-way latency (default 0us)"),
+    },
+    "transport": {
+        "alpha": (_unit(parse_latency), False, "software cost per message (default 0us)"),
+        "beta": (_unit(parse_per_byte), False, "software cost per byte, e.g. \"0.1ns/B\" (default 0)"),
+        "efficiency": (_fraction, False, "share of a link's bandwidth the transport reaches (default 1)"),
+    },
+    "parameter_servers": {
+        "count": (_count, False, "servers (default: one per node)"),
+        "placement": (_placement, False, "colocated (dealt round robin over the worker nodes, the default) "
+                                         "or dedicated (machines of their own, same NIC)"),
+        "memory_bandwidth": (_unit(parse_bandwidth), False, "the servers' memory bandwidth for their sums "
+                                                            "(default: the device's)"),
+    },
+    "contention": {
+        "kappa": (_share, False, "share of its pace backward loses beside a transfer (default 0)"),
+        "kappa_c": (_share, False, "share of its pace a transfer loses beside backward (default 0)"),
+    },
+    "workload": {
+        "model": (_text, False, "network (models/), unless --model gives it"),
+        "batch_per_worker": (_count, False, "per-worker batch, unless --batch-size gives it"),
+    },
+}
+REQUIRED_SECTIONS = ("device", "nodes", "intra_node", "inter_node")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link's bandwidth (bytes/s) and one-way latency (s)."""
+
+    bandwidth: float
+    latency: float = 0.0
+
+    @property
+    def cost(self) -> pm.LinkCost:
+        return pm.LinkCost(alpha=self.latency, beta=1.0 / self.bandwidth)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One worker's compute: peak x efficiency, memory and host-to-device bandwidth, or the
+    campaign folder whose one-worker profile replaces them."""
+
+    name: str
+    peak_flops: float | None = None
+    efficiency: float | None = None
+    memory_bandwidth: float | None = None
+    host_to_device: float | None = None
+    profile: Path | None = None
+
+    @property
+    def sustained_flops(self) -> float:
+        return self.peak_flops * self.efficiency
+
+    @property
+    def gamma(self) -> float:
+        """Seconds per byte summed: 3 bytes moved per byte of result at memory bandwidth."""
+        return BYTES_MOVED_PER_BYTE_SUMMED / self.memory_bandwidth if self.memory_bandwidth else 0.0
+
+
+@dataclass(frozen=True)
+class Transport:
+    """A transport's software: alpha_s per message, beta_s per byte, share of link bandwidth."""
+
+    alpha: float = 0.0
+    beta: float = 0.0
+    efficiency: float = 1.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A described cluster (module docstring)."""
+
+    source: Path
+    device: Device
+    nodes: int
+    workers_per_node: int
+    intra: Link
+    inter: Link
+    transports: dict[str, Transport] = field(default_factory=dict)
+    servers: int | None = None
+    placement: str = "colocated"
+    server_memory_bandwidth: float | None = None
+    contention: tuple[float, float] = (0.0, 0.0)
+    model: str | None = None
+    batch_per_worker: int | None = None
+
+    def transport(self, name: str | None) -> Transport:
+        """The file's software cost of transport `name` (none given: no extra cost)."""
+        return self.transports.get(name or "", Transport())
+
+    def fabric(self, transport: str | None, bandwidth: float | None = None, latency: float | None = None) -> pm.Fabric:
+        """The model's links for a scheme over `transport`, the NIC's bandwidth and latency
+        replaced where given (the command line's sweep)."""
+        inter = Link(bandwidth or self.inter.bandwidth, self.inter.latency if latency is None else latency)
+        software = self.transport(transport)
+        server_gamma = (BYTES_MOVED_PER_BYTE_SUMMED / self.server_memory_bandwidth
+                        if self.server_memory_bandwidth else None)
+        return pm.Fabric(intra=self.intra.cost, inter=inter.cost,
+                         software=pm.LinkCost(alpha=software.alpha, beta=software.beta),
+                         efficiency=software.efficiency, gamma=self.device.gamma, server_gamma=server_gamma)
+
+    def with_device(self, **changes) -> "ClusterSpec":
+        return replace(self, device=replace(self.device, **changes))
+
+
+def _read_section(data: dict, section: str, where: str) -> dict:
+    schema = SCHEMA[section]
+    if not isinstance(data, dict):
+        raise ClusterError(f"{where}: [{section}] must be a table")
+    unknown = [key for key in data if key not in schema]
+    if unknown:
+        raise ClusterError(f"{where}: unknown key {section}.{unknown[0]} (known: {', '.join(schema)})")
+    values = {}
+    for key, (read, required, _) in schema.items():
+        if key in data:
+            values[key] = read(data[key], f"{where}: {section}.{key}")
+        elif required:
+            raise ClusterError(f"{where}: missing {section}.{key}")
+    return values
+
+
+def _sections(data: dict, where: str) -> dict[str, dict]:
+    unknown = [key for key in data if key not in SCHEMA]
+    if unknown:
+        raise ClusterError(f"{where}: unknown section [{unknown[0]}] (known: {', '.join(SCHEMA)})")
+    missing = [name for name in REQUIRED_SECTIONS if name not in data]
+    if missing:
+        raise ClusterError(f"{where}: missing section [{missing[0]}]")
+    out = {name: _read_section(data[name], name, where) for name in SCHEMA if name in data and name != "transport"}
+    transports = data.get("transport", {})
+    if not isinstance(transports, dict):
+        raise ClusterError(f"{where}: [transport.<name>] must be tables")
+    for name, body in transports.items():
+        if name not in TRANSPORTS:
+            raise ClusterError(f"{where}: unknown transport [transport.{name}] (known: {', '.join(TRANSPORTS)})")
+    out["transport"] = {name: _read_section(body, "transport", f"{where}: [transport.{name}]")
+                        for name, body in transports.items()}
+    return out
+
+
+def parse_cluster(data: dict, source: Path) -> ClusterSpec:
+    """A ClusterSpec from the TOML tables of `source` (ClusterError on anything wrong)."""
+    where = str(source)
+    sections = _sections(data, where)
+    device = sections["device"]
+    profile = device.get("profile")
+    if profile is None:
+        missing = [key for key in ("peak_flops", "efficiency", "memory_bandwidth", "host_to_device") if key not in device]
+        if missing:
+            raise ClusterError(f"{where}: missing device.{missing[0]} (or give device.profile)")
+    else:
+        device["profile"] = (source.parent / profile).resolve()
+    servers = sections.get("parameter_servers", {})
+    contention = sections.get("contention", {})
+    workload = sections.get("workload", {})
+    return ClusterSpec(
+        source=source, device=Device(**device), nodes=sections["nodes"]["count"],
+        workers_per_node=sections["nodes"]["workers_per_node"],
+        intra=Link(**sections["intra_node"]), inter=Link(**sections["inter_node"]),
+        transports={name: Transport(**values) for name, values in sections["transport"].items()},
+        servers=servers.get("count"), placement=servers.get("placement", "colocated"),
+        server_memory_bandwidth=servers.get("memory_bandwidth"),
+        contention=(contention.get("kappa", 0.0), contention.get("kappa_c", 0.0)),
+        model=workload.get("model"), batch_per_worker=workload.get("batch_per_worker"))
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and check a cluster file (ClusterError with one line on anything wrong)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ClusterError(f"cannot read cluster file {path}: {error.strerror or error}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ClusterError(f"{path}: not valid TOML: {str(error).splitlines()[0]}") from None
+    return parse_cluster(data, path)
+
+
+def efficiency_for_throughput(images_per_s: float, batch: int, flops: tuple[float, float], peak_flops: float,
+                              other_seconds: float = 0.0) -> float:
+    """The device efficiency at which the FLOP model's one-worker iteration (forward and
+    backward FLOPs per sample `flops`, plus `other_seconds` of h2d and update) takes as long
+    as a measured one-worker throughput: B (F_f + F_b) / (peak e) = B / X - other."""
+    compute = batch / images_per_s - other_seconds
+    if compute <= 0:
+        raise ValueError("the measured iteration is shorter than its copies and update alone")
+    efficiency = batch * sum(flops) / (compute * peak_flops)
+    if not math.isfinite(efficiency) or efficiency <= 0:
+        raise ValueError(f"cannot derive an efficiency from {images_per_s} images/s")
+    return efficiency

@@ -1,0 +1,320 @@
+"""What-if: every scheme at node counts, workers per node, bandwidths and latencies one does
+not have, and the output people read (a table and a plot of efficiency against nodes that
+names each scheme's bottleneck).
+
+A `Candidate` is one scheme with the one-worker compute it runs on (`perfmodel.Profile`) and
+a function that prices its messages on a topology and link: either a calibrated flat link
+from a campaign (`flat_link_cost`: all p ranks on one link, as calibrated) or a described
+cluster's hierarchy (`cluster_cost`: `perfmodel.topology_cost` on the file's links and
+transports).  `evaluate` walks the grid; each row has the predicted iteration, weak-scaling
+speedup S = N t(1) / t(N) and efficiency E = S / N against one worker of the same device,
+the communication left exposed after backward, and the bottleneck
+(`perfmodel.bottleneck`).
+
+The study's schemes (`STUDY_SCHEMES`, by their CLI names) are described as their adapters
+describe themselves (`Trainer.comm_scheme()`) on GPUs, with the topology their framework
+uses (perfmodel's table); the catalogue (`CATALOGUE`) holds textbook schemes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from analysis import perfmodel as pm
+from analysis import tables
+from analysis.cluster import ClusterSpec
+from analysis.palette import colour
+from analysis.units import format_bandwidth, format_latency
+
+MIB = 2 ** 20
+
+
+class WhatIfError(ValueError):
+    """Bad input for the what-if; the message is one line."""
+
+
+@dataclass(frozen=True)
+class StudyScheme:
+    """A study scheme in the model's terms on a GPU cluster, and its transport."""
+
+    label: str
+    scheme: pm.Scheme
+    transport: str
+
+
+STUDY_SCHEMES: dict[str, StudyScheme] = {
+    "torch:ddp": StudyScheme("PyTorch DDP", pm.Scheme(
+        "DDP: 25 MiB buckets, NCCL ring", overlap=True, granularity="bucket", bucket_bytes=25 * MIB,
+        first_bucket_bytes=MIB, profile_granularity="whole"), "nccl"),
+    "horovod": StudyScheme("Horovod", pm.Scheme(
+        "Horovod: 1 ms cycles, 128 MiB fusion, NCCL ring", overlap=True, granularity="tensor", merge="cycle",
+        cycle_s=1e-3, bucket_bytes=128 * MIB, profile_granularity="bucket"), "nccl"),
+    "horovod:hierarchical": StudyScheme("Horovod (hierarchical)", pm.Scheme(
+        "Horovod hierarchical all-reduce", overlap=True, granularity="tensor", merge="cycle", cycle_s=1e-3,
+        bucket_bytes=128 * MIB, profile_granularity="bucket", topology="two_level"), "nccl"),
+    "cntk-style": StudyScheme("CNTK-style", pm.Scheme(
+        "whole gradient after backward, NCCL ring"), "nccl"),
+    "caffe-mpi-style": StudyScheme("Caffe-MPI-style", pm.Scheme(
+        "layer-wise MPI all-reduce during backward", overlap=True, granularity="tensor"), "mpi"),
+    "tf:collective": StudyScheme("TensorFlow collective", pm.Scheme(
+        "whole gradient after backward, NCCL ring"), "nccl"),
+    "tf:ps": StudyScheme("TensorFlow ps", pm.Scheme(
+        "SyncReplicasOptimizer push/pull per variable", granularity="tensor", algorithm="ps", servers=1), "grpc"),
+    "mxnet:dist_sync": StudyScheme("MXNet dist_sync", pm.Scheme(
+        "ps-lite push/pull per tensor during backward", overlap=True, granularity="tensor", algorithm="ps",
+        servers=1), "ps-lite"),
+    "mxnet:dist_device_sync": StudyScheme("MXNet dist_device_sync", pm.Scheme(
+        "local reduce, one ps-lite push/pull per node", overlap=True, granularity="tensor", algorithm="ps",
+        servers=1, topology="local_reduce"), "ps-lite"),
+}
+# `--schemes torch` etc.: a framework's name alone is its first mode here, as on compare's
+ALIASES: dict[str, str] = {"torch": "torch:ddp", "tf": "tf:collective", "mxnet": "mxnet:dist_sync",
+                           "cntk-style:allreduce": "cntk-style", "caffe-mpi-style:mpi": "caffe-mpi-style",
+                           "horovod:gloo": "horovod", "horovod:mpi": "horovod", "horovod:nccl": "horovod"}
+
+CATALOGUE: dict[str, pm.Scheme] = {
+    "no-overlap": pm.Scheme("no overlap: whole gradient after backward"),
+    "wfbp": pm.Scheme("WFBP: per layer during backward", overlap=True, granularity="layer"),
+    "mgwfbp": pm.Scheme("MG-WFBP-style merged layers", overlap=True, granularity="layer", merge="greedy"),
+    "buckets": pm.Scheme("25 MB buckets (DDP-like)", overlap=True, granularity="bucket",
+                         bucket_bytes=25 * MIB, first_bucket_bytes=MIB),
+    "fusion": pm.Scheme("Horovod-like fusion: 1 ms cycles, 128 MB buffer", overlap=True, granularity="tensor",
+                        merge="cycle", cycle_s=1e-3, bucket_bytes=128 * MIB),
+    "ps": pm.Scheme("parameter server, per layer", overlap=True, granularity="layer", algorithm="ps", servers=1),
+}
+# the transport whose software cost a catalogue scheme pays on a described cluster
+CATALOGUE_TRANSPORT = {"ps": "ps-lite"}
+DEFAULT_CATALOGUE_TRANSPORT = "nccl"
+
+
+def scheme_names(text_items: list[str], extra: tuple[str, ...] = ()) -> list[str]:
+    """The schemes of --schemes: study names (aliases resolved), catalogue names, `extra`
+    words (e.g. 'stored'), 'study' for every study scheme, 'all' for study and catalogue."""
+    out: list[str] = []
+    for item in text_items:
+        key = item.strip().lower()
+        if key == "all":
+            out += [*STUDY_SCHEMES, *CATALOGUE]
+        elif key == "study":
+            out += list(STUDY_SCHEMES)
+        elif key in extra or key in CATALOGUE or key in STUDY_SCHEMES:
+            out.append(key)
+        elif key in ALIASES:
+            out.append(ALIASES[key])
+        else:
+            known = ", ".join(["all", "study", *extra, *STUDY_SCHEMES, *CATALOGUE])
+            raise WhatIfError(f"unknown scheme {item!r} (known: {known})")
+    return list(dict.fromkeys(out))
+
+
+def catalogue_scheme(key: str, algorithm: str = "ring", servers: int | None = None) -> pm.Scheme:
+    """A catalogue scheme with the --algorithm and --ps choices applied."""
+    scheme = CATALOGUE[key]
+    if algorithm != "ring" and scheme.algorithm != "ps":
+        scheme = pm.Scheme.from_dict({**scheme.as_dict(), "algorithm": algorithm, "name": f"{scheme.name}, {algorithm}"})
+    if scheme.algorithm == "ps" and servers is not None:
+        scheme = pm.Scheme.from_dict({**scheme.as_dict(), "servers": servers,
+                                      "name": f"parameter server x{servers}, per layer"})
+    return scheme
+
+
+# --------------------------------------------------------------------------- candidates
+
+Cost = Callable[[pm.Topology, "float | None", "float | None"], pm.CommCost]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scheme of the what-if: its name (CLI or catalogue, the palette's key), label,
+    scheme, one-worker profile, where that compute came from, the function pricing its
+    messages on (topology, bandwidth, latency) -- None: the default link -- the default
+    link's (bandwidth bytes/s, latency s), the contention shares (kappa, kappa_c) and the
+    profile's per-worker batch."""
+
+    name: str
+    label: str
+    scheme: pm.Scheme
+    profile: pm.Profile
+    source: str
+    cost: Cost
+    default_link: tuple[float, float]
+    shares: tuple[float, float] = (0.0, 0.0)
+    batch: int | None = None
+
+
+def flat_link_cost(cost: pm.LinkCost | None, algorithm: str, servers: int, what: str) -> Cost:
+    """All p ranks on one link (a campaign's calibration: alpha, beta, gamma as fitted); the
+    command line's bandwidth and latency replace beta = 1 / bandwidth and alpha."""
+    def price(topology: pm.Topology, bandwidth: float | None, latency: float | None) -> pm.CommCost:
+        if cost is None and (bandwidth is None or latency is None):
+            raise WhatIfError(f"no calibration stored for {what}: give --bandwidth and --latency "
+                              "(or run python -m launchers.calibrate)")
+        link = pm.LinkCost(alpha=latency if latency is not None else cost.alpha,
+                           beta=1.0 / bandwidth if bandwidth is not None else cost.beta,
+                           gamma=cost.gamma if cost is not None else 0.0)
+        return pm.comm_time_function(algorithm, topology.world_size, link, servers)
+    return price
+
+
+def cluster_cost(spec: ClusterSpec, scheme: pm.Scheme, transport: str | None,
+                 servers: int | None = None) -> Cost:
+    """The described cluster's hierarchy (`perfmodel.topology_cost`); the command line's
+    bandwidth and latency replace the NIC's.  Servers: `servers`, else the file's, else one
+    per node."""
+    def price(topology: pm.Topology, bandwidth: float | None, latency: float | None) -> pm.CommCost:
+        return pm.topology_cost(scheme, topology, spec.fabric(transport, bandwidth, latency),
+                                servers or spec.servers or topology.nodes, spec.placement)
+    return price
+
+
+def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile, source: str, batch: int | None,
+                       algorithm: str = "ring", servers: int | None = None) -> list[Candidate]:
+    """The study and catalogue schemes `names` on the described cluster, all on `profile`."""
+    out = []
+    link = (spec.inter.bandwidth, spec.inter.latency)
+    for name in names:
+        if name in STUDY_SCHEMES:
+            study = STUDY_SCHEMES[name]
+            scheme, label, transport = study.scheme, study.label, study.transport
+        else:
+            scheme = catalogue_scheme(name, algorithm, servers)
+            label, transport = scheme.name, CATALOGUE_TRANSPORT.get(name, DEFAULT_CATALOGUE_TRANSPORT)
+        out.append(Candidate(name, label, scheme, profile, source,
+                             cluster_cost(spec, scheme, transport, servers), link, spec.contention, batch))
+    return out
+
+
+# --------------------------------------------------------------------------- the grid
+
+ROW_KEYS = ("scheme", "label", "model", "profile", "nodes", "workers_per_node", "world_size", "batch_per_worker",
+            "bandwidth", "latency", "iter_time_s", "t1_s", "comm_total_s", "comm_exposed_s", "speedup",
+            "efficiency", "bottleneck")
+
+
+def _link_text(bandwidth: float, latency: float) -> tuple[str, str]:
+    return (format_bandwidth(bandwidth) if math.isfinite(bandwidth) and bandwidth > 0 else "inf",
+            format_latency(latency) if latency > 0 else "0")
+
+
+def evaluate(candidates: list[Candidate], nodes: list[int], workers_per_node: list[int],
+             bandwidths: list[float | None], latencies: list[float | None], model: str) -> list[dict]:
+    """Rows: candidate x workers per node x bandwidth x latency x nodes (ROW_KEYS); a
+    bandwidth or latency of None is the candidate's own (calibrated, or the file's NIC)."""
+    rows = []
+    for cand in candidates:
+        t_one = pm.single_worker_prediction(cand.profile).iter_time
+        for per_node in workers_per_node:
+            for bandwidth in bandwidths:
+                for latency in latencies:
+                    link = _link_text(bandwidth if bandwidth is not None else cand.default_link[0],
+                                      latency if latency is not None else cand.default_link[1])
+                    for count in nodes:
+                        rows.append(_row(cand, pm.Topology(count, per_node), bandwidth, latency, t_one, link,
+                                         model))
+    return rows
+
+
+def _row(cand: Candidate, topology: pm.Topology, bandwidth, latency, t_one: float, link: tuple[str, str],
+         model: str) -> dict:
+    p = topology.world_size
+    if p > 1:
+        comm = cand.cost(topology, bandwidth, latency)
+        prediction = pm.predict(cand.profile, cand.scheme, comm, *cand.shares)
+    else:
+        comm, prediction = pm.CommCost(), pm.single_worker_prediction(cand.profile)
+    speedup = pm.speedup(t_one, prediction.iter_time, p)
+    return {"scheme": cand.name, "label": cand.label, "model": model, "profile": cand.source,
+            "nodes": topology.nodes, "workers_per_node": topology.workers_per_node, "world_size": p,
+            "batch_per_worker": cand.batch, "bandwidth": link[0], "latency": link[1],
+            "iter_time_s": prediction.iter_time, "t1_s": t_one, "comm_total_s": prediction.comm_total,
+            "comm_exposed_s": prediction.comm_exposed, "speedup": speedup,
+            "efficiency": pm.efficiency(speedup, p), "bottleneck": pm.bottleneck(prediction, comm)}
+
+
+# --------------------------------------------------------------------------- output
+
+DISPLAY_COLUMNS = ("scheme", "nodes", "workers_per_node", "world_size", "batch_per_worker", "bandwidth", "latency",
+                   "iter_ms", "t1_ms", "comm_exposed_ms", "speedup", "efficiency", "bottleneck")
+
+
+def json_lines(rows: list[dict]) -> str:
+    """One JSON object per row (ROW_KEYS), one per line."""
+    return "".join(json.dumps({key: row[key] for key in ROW_KEYS}) + "\n" for row in rows)
+
+
+def frame(rows: list[dict]):
+    """The rows as a pandas DataFrame (full precision, seconds): the CSV."""
+    return pd.DataFrame([{key: row[key] for key in ROW_KEYS} for row in rows], columns=list(ROW_KEYS))
+
+
+def display_table(rows: list[dict]):
+    """The rows as people read them: times in milliseconds, the report's columns."""
+    table = frame(rows)
+    for column in ("iter", "t1", "comm_exposed"):
+        table[f"{column}_ms"] = table[f"{column}_s" if column != "iter" else "iter_time_s"] * 1e3
+    return table[list(DISPLAY_COLUMNS)]
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table with the report's table code (`analysis.tables.to_markdown`)."""
+    return tables.to_markdown(display_table(rows))
+
+
+BOTTLENECK_MARKERS = {"compute": "o", "NIC": "s", "intra-node link": "^", "link latency": "v",
+                      "per-message software cost": "D", "per-message cost": "D", "parameter server": "P",
+                      "reduction": "X", "link": "s", "transport per-byte cost": "d"}
+
+
+def efficiency_figure(rows: list[dict], path: Path, title: str) -> Path | None:
+    """Efficiency against nodes, one line per scheme in its palette colour, one panel per
+    workers per node x bandwidth x latency; each point's marker names its bottleneck.  A last
+    panel holds the legends (scheme colours, bottleneck markers).  None without rows."""
+    if not rows:
+        return None
+    from analysis import figures  # matplotlib and seaborn load only where a plot is drawn (--json, --no-files: never)
+
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["workers_per_node"], row["bandwidth"], row["latency"]), []).append(row)
+    fig, axes = figures.new_panels(len(groups) + 1)
+    top = max(1.05, max(r["efficiency"] for r in rows) * 1.05)
+    for ax, ((per_node, bandwidth, latency), panel) in zip(axes, groups.items()):
+        nodes = sorted({r["nodes"] for r in panel})
+        for name in dict.fromkeys(r["scheme"] for r in panel):
+            line = sorted((r for r in panel if r["scheme"] == name), key=lambda r: r["nodes"])
+            ax.plot([r["nodes"] for r in line], [r["efficiency"] for r in line], color=colour(name), linewidth=2)
+            for what in dict.fromkeys(r["bottleneck"] for r in line):  # one call per marker: cheap to draw
+                points = [r for r in line if r["bottleneck"] == what]
+                ax.scatter([r["nodes"] for r in points], [r["efficiency"] for r in points], color=colour(name),
+                           s=40, zorder=3, marker=BOTTLENECK_MARKERS.get(what, "o"))
+        if len(nodes) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(nodes, [str(n) for n in nodes])
+        ax.set(title=f"{per_node} worker{'s' if per_node > 1 else ''}/node, NIC {bandwidth}, latency {latency}",
+               xlabel="nodes", ylabel="efficiency E = S / N (weak scaling)", ylim=(0, top))
+        ax.grid(alpha=0.3, which="both")
+    legend = axes[-1]
+    legend.axis("off")
+    lines = [figures.plt.Line2D([], [], color=colour(name), linewidth=2, label=name)
+             for name in dict.fromkeys(r["scheme"] for r in rows)]
+    markers = [figures.plt.Line2D([], [], linestyle="", marker=BOTTLENECK_MARKERS.get(what, "o"), color="black",
+                                  label=what) for what in dict.fromkeys(r["bottleneck"] for r in rows)]
+    legend.add_artist(legend.legend(handles=lines, title="scheme", loc="upper left", fontsize=9, frameon=False))
+    legend.legend(handles=markers, title="marker: bottleneck", loc="upper right", fontsize=9, frameon=False)
+    return figures.save_figure(fig, path, title)
+
+
+def write_outputs(rows: list[dict], out: Path, stem: str, title: str) -> dict[str, Path]:
+    """CSV (full precision), Markdown (the report's table code) and the PNG under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"csv": out / f"{stem}.csv", "md": out / f"{stem}.md", "png": out / f"{stem}.png"}
+    frame(rows).to_csv(written["csv"], index=False)
+    written["md"].write_text(f"# {title}\n\n{markdown(rows)}", encoding="utf-8")
+    efficiency_figure(rows, written["png"], title)
+    return written

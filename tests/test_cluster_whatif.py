@@ -1,0 +1,290 @@
+"""A described GPU cluster: its TOML file, the study's schemes on it, the FLOP-based compute,
+the what-if's rows, JSON lines and bad input; the scheme palette; composing a topology from
+two link calibrations (by hand)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from adapters.registry import FRAMEWORKS
+from analysis import cluster, compose, palette, predict, published, whatif
+from analysis import perfmodel as pm
+from analysis.calibration import CalibrationFit
+from analysis.workload import flops_per_sample, flops_profile
+from models import get_model
+from tests.conftest import run_cli
+from tests.test_predict import whatif_campaign
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "cluster.toml"
+MODEL = "alexnet-tiny"
+
+SMALL = """
+[device]
+name = "Test GPU"
+peak_flops = "10 TFLOP/s"
+efficiency = 0.5
+memory_bandwidth = "100 GB/s"
+host_to_device = "10 GB/s"
+[nodes]
+count = 2
+workers_per_node = 1
+[intra_node]
+bandwidth = "10 GB/s"
+latency = "1us"
+[inter_node]
+bandwidth = "1 GB/s"
+latency = "10us"
+[transport.nccl]
+alpha = "5us"
+[workload]
+model = "alexnet-tiny"
+batch_per_worker = 16
+"""
+
+
+def write(tmp_path, text: str, name: str = "cluster.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- the file
+
+def test_example_file_reads_with_its_units():
+    spec = cluster.load_cluster(EXAMPLE)
+    assert (spec.nodes, spec.workers_per_node) == (4, 4)
+    assert spec.device.peak_flops == pytest.approx(11.8e12) and spec.device.efficiency == 0.4
+    assert spec.intra.bandwidth == pytest.approx(12e9) and spec.intra.latency == pytest.approx(5e-6)
+    assert spec.inter.bandwidth == pytest.approx(7e9) and spec.inter.latency == pytest.approx(2e-6)
+    grpc = spec.transport("grpc")
+    assert grpc.alpha == pytest.approx(100e-6) and (grpc.beta, grpc.efficiency) == (0.0, 0.7)
+    assert spec.transport("gloo") == cluster.Transport()  # not described: no software cost
+    assert spec.contention == (0.0, 0.0) and (spec.model, spec.batch_per_worker) == ("resnet50", 32)
+    fabric = spec.fabric("grpc", bandwidth=1.25e9)
+    assert fabric.inter.beta == pytest.approx(1 / 1.25e9) and fabric.inter.alpha == pytest.approx(2e-6)
+    assert fabric.efficiency == 0.7 and fabric.gamma == pytest.approx(3 / 346e9)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (("[device]", "[device]\ncolour = \"green\""), "unknown key device.colour"),
+    (("[nodes]", "[switch]\nports = 4\n[nodes]"), "unknown section [switch]"),
+    (("[inter_node]\nbandwidth = \"1 GB/s\"\nlatency = \"10us\"", ""), "missing section [inter_node]"),
+    (("count = 2\n", ""), "missing nodes.count"),
+    (("\"1 GB/s\"", "\"1 GHz\""), "inter_node.bandwidth: cannot read bandwidth"),
+    (("\"1 GB/s\"", "1000000000"), "inter_node.bandwidth needs a unit"),
+    (("\"10 TFLOP/s\"", "\"10 T\""), "device.peak_flops: cannot read compute rate"),
+    (("efficiency = 0.5", "efficiency = 1.5"), "device.efficiency must be a number in (0, 1]"),
+    (("count = 2", "count = 0"), "nodes.count must be a whole number >= 1"),
+    (("[transport.nccl]", "[transport.rdma]"), "unknown transport [transport.rdma]"),
+    (("alpha = \"5us\"", "alpha = \"5us\"\nspeed = 3"), "unknown key transport.speed"),
+    (("host_to_device = \"10 GB/s\"\n", ""), "missing device.host_to_device (or give device.profile)"),
+    (("[device]", "[device"), "not valid TOML"),
+])
+def test_malformed_files_are_one_line_errors(tmp_path, change, needle):
+    path = write(tmp_path, SMALL.replace(*change, 1))
+    with pytest.raises(cluster.ClusterError) as error:
+        cluster.load_cluster(path)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and needle in message and str(path) in message, message
+
+
+def test_cli_bad_cluster_input_exits_2_with_one_line(tmp_path, capsys):
+    bad = write(tmp_path, SMALL.replace("[device]", "[device]\ncolour = \"green\""))
+    for argv, needle in (([str(bad)], "unknown key device.colour"),
+                         ([str(tmp_path / "none.toml")], "cannot read cluster file"),
+                         ([str(EXAMPLE), "--schemes", "torch:zero"], "unknown scheme"),
+                         ([str(EXAMPLE), "--model", "vgg99"], "vgg99"),
+                         ([str(write(tmp_path, SMALL.replace("batch_per_worker = 16\n", ""), "b.toml"))],
+                          "--batch-size")):
+        assert predict.main(["--cluster", *argv, "--no-files"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and needle in err, err
+    with pytest.raises(SystemExit) as exited:  # neither --from nor --cluster: argparse's usage error
+        predict.main(["--no-files"])
+    assert exited.value.code == 2 and "--from" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- compute and rows
+
+def test_compute_from_flops_by_hand():
+    """alexnet-tiny, batch 16, 5 TFLOP/s sustained: forward 16 x 7,270,982 FLOPs; update 20
+    bytes per parameter (141,818) at 100 GB/s; the batch's 16 x 4 x C H W bytes at 10 GB/s."""
+    spec = get_model(MODEL)
+    prof = flops_profile(MODEL, 16, 5e12, 10e9, 100e9)
+    forward, backward = flops_per_sample(MODEL)
+    assert forward == spec.total_flops == 7_270_982
+    assert prof.forward == pytest.approx(16 * 7_270_982 / 5e12)
+    # backward: 2 x the forward FLOPs of layers with parameters, 1 x for the first and the others
+    assert prof.backward == pytest.approx(16 * backward / 5e12) and 1.3 < backward / forward < 2.0
+    assert prof.update == pytest.approx(20 * 141_818 / 100e9)
+    assert prof.h2d == pytest.approx(16 * 4 * math.prod(spec.input_shape) / 10e9)
+    assert prof.io == 0.0 and prof.prefetch
+    assert len(prof.grads) == len(spec.parameter_shapes()) and prof.grads[-1].ready == pytest.approx(prof.backward)
+    # the inverse: the efficiency at which the model's iteration matches a measured throughput
+    t_one = pm.single_worker_prediction(prof).iter_time
+    efficiency = cluster.efficiency_for_throughput(16 / t_one, 16, (forward, backward), 10e12,
+                                                   prof.h2d + prof.update)
+    assert efficiency == pytest.approx(0.5)
+
+
+def rows_of(argv: list[str], capsys) -> list[dict]:
+    assert predict.main(argv + ["--json"]) == 0
+    out = capsys.readouterr().out
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_cluster_rows_by_hand(tmp_path, capsys):
+    """CNTK-style on 2 nodes x 1 worker: the whole gradient n after backward, ring over the
+    NIC: 2 (10 us + 5 us nccl) + n x 1 ns/B + n/2 x 3 / 100 GB/s."""
+    path = write(tmp_path, SMALL)
+    rows = rows_of(["--cluster", str(path), "--schemes", "cntk-style", "--nodes", "1,2"], capsys)
+    assert [r["nodes"] for r in rows] == [1, 2] and set(rows[0]) >= set(whatif.ROW_KEYS)
+    n = 4 * get_model(MODEL).total_params
+    t_one = pm.single_worker_prediction(flops_profile(MODEL, 16, 5e12, 10e9, 100e9)).iter_time
+    t_c = 2 * 15e-6 + n * 1e-9 + n / 2 * 3 / 100e9
+    assert rows[0]["iter_time_s"] == pytest.approx(t_one) and rows[0]["efficiency"] == pytest.approx(1.0)
+    assert rows[1]["iter_time_s"] == pytest.approx(t_one + t_c)
+    assert rows[1]["comm_exposed_s"] == pytest.approx(t_c)
+    assert rows[1]["speedup"] == pytest.approx(2 * t_one / (t_one + t_c))
+    assert rows[1]["efficiency"] == pytest.approx(rows[1]["speedup"] / 2)
+    assert rows[1]["bottleneck"] == "NIC" and rows[1]["batch_per_worker"] == 16
+    assert (rows[1]["bandwidth"], rows[1]["latency"]) == ("8Gbit", "10us")
+
+
+def test_every_study_scheme_on_the_example_and_its_sweeps(capsys, tmp_path):
+    rows = rows_of(["--cluster", str(EXAMPLE), "--nodes", "1,2,4", "--bandwidth", "10Gbit,56Gbit",
+                    "--workers-per-node", "2,4"], capsys)
+    assert {r["scheme"] for r in rows} == set(whatif.STUDY_SCHEMES)
+    assert len(rows) == len(whatif.STUDY_SCHEMES) * 3 * 2 * 2
+    for row in rows:
+        assert 0 < row["efficiency"] <= 1 + 1e-9
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["world_size"])
+        assert row["bottleneck"] in {"compute", "NIC", "intra-node link", "link latency", "per-message software cost",
+                                     "parameter server", "reduction", "transport per-byte cost"}
+    for scheme in whatif.STUDY_SCHEMES:  # a faster NIC is never worse ...
+        # ... except by a hair for Horovod's cycles: a slower link fuses more per cycle (fewer
+        # messages), which on 2 nodes can hide 0.1 % more (0.9963 at 10 Gbit/s, 0.9951 at 56)
+        slack = 0.005 if scheme.startswith("horovod") else 1e-12
+        for nodes in (2, 4):
+            slow, fast = (next(r for r in rows if r["scheme"] == scheme and r["nodes"] == nodes
+                               and r["workers_per_node"] == 4 and r["bandwidth"] == bw) for bw in ("10Gbit", "56Gbit"))
+            assert fast["efficiency"] >= slow["efficiency"] - slack, scheme
+    # the same cluster, files written: PNG with the report's helpers, the table with its code
+    _, written = predict.run(predict.build_parser().parse_args(
+        ["--cluster", str(EXAMPLE), "--nodes", "1,2", "--out", str(tmp_path / "w")]))
+    assert written["png"].read_bytes()[:4] == b"\x89PNG" and "| torch:ddp" in written["md"].read_text()
+
+
+def test_profile_from_a_stored_campaign(tmp_path, capsys):
+    campaign = whatif_campaign(tmp_path)
+    path = write(tmp_path, SMALL.replace('[device]\nname = "Test GPU"',
+                                         f'[device]\nname = "this VM"\nprofile = "{campaign.name}"'), "p.toml")
+    rows = rows_of(["--cluster", str(path), "--schemes", "torch", "--nodes", "1"], capsys)
+    assert rows[0]["profile"] == "profile PyTorch DDP b16" and rows[0]["t1_s"] == pytest.approx(0.063)
+
+
+def test_cluster_cli_runs_as_a_user_runs_it():
+    result = run_cli("analysis.predict", "--cluster", str(EXAMPLE), "--json", "--schemes", "horovod,tf:ps",
+                     timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["scheme"], r["nodes"], r["workers_per_node"]) for r in rows] == [("horovod", 4, 4), ("tf:ps", 4, 4)]
+
+
+def test_scheme_names_and_the_registry():
+    assert whatif.scheme_names(["torch", "Horovod:gloo", "mgwfbp"]) == ["torch:ddp", "horovod", "mgwfbp"]
+    assert whatif.scheme_names(["all"]) == [*whatif.STUDY_SCHEMES, *whatif.CATALOGUE]
+    with pytest.raises(whatif.WhatIfError):
+        whatif.scheme_names(["torch:zero"])
+    for name in whatif.STUDY_SCHEMES:  # every study scheme is a framework (and mode) of the registry
+        framework, _, mode = name.partition(":")
+        assert framework in FRAMEWORKS, name
+        assert not mode or mode == "hierarchical" or mode in FRAMEWORKS[framework].modes, name
+
+
+def test_palette_is_fixed_per_scheme():
+    assert palette.colour("torch:ddp") == palette.colour("torch") == palette.SCHEME_COLOURS["torch"]
+    assert palette.colour("Horovod:gloo") == palette.colour("horovod") == palette.SCHEME_COLOURS["horovod:gloo"]
+    assert palette.colour("jax") == palette.SCHEME_COLOURS["jax"] and palette.colour("wfbp") == "#C8B400"
+    assert palette.colour("not-a-scheme") == palette.fallback_colour("not-a-scheme")
+    shown = [*whatif.STUDY_SCHEMES, *whatif.CATALOGUE]
+    assert len({palette.colour(name) for name in shown}) == len(shown)  # no two alike
+    for name, info in FRAMEWORKS.items():  # a framework's name alone: its first mode's colour
+        assert palette.colour(name) == palette.colour(f"{name}:{info.modes[0]}"), name
+
+
+# --------------------------------------------------------------------------- composing
+
+def fit(framework, nodes, per_node, a, b, algorithm="ring", servers=0, bandwidth="") -> CalibrationFit:
+    p = nodes * per_node
+    link = pm.invert_fit(a, b, algorithm, p, max(1, servers))
+    return CalibrationFit(framework, "m", "gloo", "allreduce", algorithm, "cpu", nodes, per_node, p, servers,
+                          a, b, 0.01, link.alpha, link.beta, 0.0, 10, 5, bandwidth)
+
+
+def test_composing_a_ring_from_two_link_fits():
+    """Ring fits: 1 x 2: a = 2 alpha_i = 100 us, b = beta_i = 1 ns/B; 2 x 1: a = 400 us,
+    b = 80 ns/B.  On 2 x 4 (p = 8): 14 steps of max(50, 200) us and 7/4 n at 80 ns/B."""
+    fits = compose.LinkFits(fit("torch", 1, 2, 100e-6, 1e-9), fit("torch", 2, 1, 400e-6, 80e-9, bandwidth="100Mbit"))
+    fabric = compose.composed_fabric(fits)
+    assert fabric.intra.alpha == pytest.approx(50e-6) and fabric.intra.beta == pytest.approx(1e-9)
+    assert fabric.inter.alpha == pytest.approx(200e-6) and fabric.inter.beta == pytest.approx(80e-9, rel=1e-5)
+    record = {"nodes": 2, "workers_per_node": 4, "servers": 0}
+    cost = compose.composed_cost(record, pm.Scheme(), fits)
+    assert cost(1e6) == pytest.approx(14 * 200e-6 + 1.75 * 1e6 * 80e-9, rel=1e-5)
+    found = compose.link_fits([fits.intra, fits.inter, fit("other", 2, 1, 1, 1)],
+                              {"framework": "torch", "mode": "m", "device_kind": "cpu", "bandwidth": "100Mbit"})
+    assert found == fits
+
+
+def test_composing_a_parameter_server_moves_the_local_share_off_the_nic():
+    """One server, ps fits.  1 x 2: a = 2 alpha_i, b = 2 max(2/1, 1) beta_i = 4 beta_i.  2 x 1
+    (the server on node 0): node 1's worker sends n through the NIC, node 0's stays inside, so
+    b = 2 max(1 x beta_i, 1 x beta_e): beta_e = b / 2, where the flat inversion reads b / 4."""
+    intra, inter = fit("mxnet", 1, 2, 1e-3, 4e-9, "ps", 1), fit("mxnet", 2, 1, 2e-3, 160e-9, "ps", 1)
+    assert inter.beta_s_per_byte == pytest.approx(40e-9)  # flat: 2 max(p/S, 1) = 4
+    fabric = compose.composed_fabric(compose.LinkFits(intra, inter))
+    assert fabric.intra.beta == pytest.approx(1e-9) and fabric.inter.beta == pytest.approx(80e-9, rel=1e-5)
+    assert fabric.inter.alpha == pytest.approx(1e-3)
+    # 2 x 4 with one server: node 0 receives 4 n, node 1 sends 4 n: 2 (1 ms + 4 n x 80 ns/B)
+    cost = compose.composed_cost({"nodes": 2, "workers_per_node": 4, "servers": 1},
+                                 pm.Scheme(algorithm="ps", servers=1), compose.LinkFits(intra, inter))
+    assert cost(1e6) == pytest.approx(2 * (1e-3 + 4 * 1e6 * 80e-9), rel=1e-5)
+
+
+def test_compute_factor_is_processor_sharing():
+    one = {"threads_per_worker": 2, "env": {"cpu_count": 2}}
+    assert compose.compute_factor({"threads_per_worker": 1, "world_size": 4, "env": {"cpu_count": 2}}, one) == 4
+    assert compose.compute_factor({"threads_per_worker": 1, "world_size": 8, "env": {"cpu_count": 2}}, one) == 8
+    assert compose.compute_factor({"threads_per_worker": 1, "world_size": 2, "env": {"cpu_count": 2}}, one) == 2
+
+
+def test_every_key_is_documented():
+    text = (REPO / "docs" / "prediction.md").read_text(encoding="utf-8")
+    for section, keys in cluster.SCHEMA.items():
+        shown = "transport.<name>" if section == "transport" else section
+        for key in keys:
+            assert f"| `{shown}` | `{key}` |" in text, f"{section}.{key}"
+
+
+# --------------------------------------------------------------------------- published
+
+def test_published_cases_are_data_with_their_citations():
+    """Every case names a source with its citation and a cluster of spec-sheet values; the
+    model predicts each point (validation/published.toml; the comparison:
+    python -m bench.published_validation)."""
+    sources, cases = published.load_cases()
+    assert len(sources) >= 2 and all({"title", "authors", "year", "where", "read"} <= set(s) for s in sources.values())
+    assert {case.source for case in cases} == set(sources)
+    rows = published.validation_rows()
+    assert len(rows) == sum(len(case.nodes) for case in cases)
+    for row in rows:
+        assert 0 < row["published"] <= 1 and 0 < row["predicted"] <= 1 and 0 < row["flat"] <= 1
+        assert 0 < row["device_efficiency"] < 1
+    # the hierarchy, NIC sharing and software costs bring the model closer than one flat link
+    assert published.median_abs_points(rows, "error_points") < published.median_abs_points(rows, "flat_error_points")
