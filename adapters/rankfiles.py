@@ -29,9 +29,14 @@ def environment(versions: dict) -> dict:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Whole or not at all: a reader (or a full disk) never sees half a file, and a failed
+    write leaves no temporary file behind."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=float))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0,

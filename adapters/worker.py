@@ -7,6 +7,9 @@ after the timed loops so that both see the machine in the same state. Each rank 
 timings to rank_dir/rank<r>.json; after a barrier rank 0 merges them into the one result
 record. The slowest rank defines a synchronous iteration, so merged times take the maximum
 over ranks. Adapters print no results themselves.
+
+Every process started here (workers and serving roles) ends when the process that started
+it is gone (`watch_parent`), so no rank trains on for a launcher that was killed.
 """
 
 from __future__ import annotations
@@ -16,21 +19,49 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
-import numpy as np
+PARENT_POLL_S = 1.0
 
-from adapters.base import DistInfo, FrameworkUnavailable, RunConfig
-from adapters.calibration import run_calibration
-from adapters.data import rank_batch_start, synthetic_batch
-from adapters.machine import interval, machine_fields, sample
-from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic
-from adapters.registry import framework_info, load_trainer
-from analysis.perfmodel import split_backward_by_flops
-from analysis.record import PHASES, empty_record, phase_entry
-from models import canonical_weights, get_model
+
+def watch_parent(interval: float = PARENT_POLL_S) -> None:
+    """End this process (its whole process group when it leads one, as under sshd) once its
+    parent is gone: the launcher, mpirun, horovodrun's or sshd's session process. A thread
+    polls getppid(); PR_SET_PDEATHSIG cannot stand in for it here, since it fires when the
+    parent's forking *thread* ends, which in a framework's launcher need not be the parent's
+    end. Nothing to watch when started as pid 1 of a container (its runtime removes it);
+    DLC_PARENT_WATCH=0 turns it off (bench/fault_overhead.py measures its cost)."""
+    parent = os.getppid()
+    if parent <= 1 or os.environ.get("DLC_PARENT_WATCH") == "0":
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+if __name__ == "__main__":  # before the imports below: the launcher may be gone by their end
+    watch_parent()
+
+import numpy as np  # noqa: E402
+
+from adapters.base import DistInfo, FrameworkUnavailable, RunConfig  # noqa: E402
+from adapters.calibration import run_calibration  # noqa: E402
+from adapters.data import rank_batch_start, synthetic_batch  # noqa: E402
+from adapters.machine import interval, machine_fields, sample  # noqa: E402
+from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic  # noqa: E402
+from adapters.registry import framework_info, load_trainer  # noqa: E402
+from analysis.perfmodel import split_backward_by_flops  # noqa: E402
+from analysis.record import PHASES, empty_record, phase_entry  # noqa: E402
+from models import canonical_weights, get_model  # noqa: E402
 
 EXIT_UNAVAILABLE = 3
 

@@ -9,7 +9,10 @@ their error tails, and how to read it all.  The page loads nothing from elsewher
 no script), so it renders the same on an air-gapped cluster and in a browser test.
 
 CLI: ``python -m analysis.report DIR`` prints the report's path; a folder without a store
-gives a one-line error and exit status 2.
+gives a one-line error and exit status 2. When no campaign holds the folder, it first stores
+the run folders' records the store lacks (runs measured while the disk was full:
+`ResultStore.import_pending`). A report that cannot be written (a full disk) is one line and
+exit status 3, and the previous report.html stays whole.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from core.cli import OneLineParser, fail
+from core.cli import EXIT_NOT_WRITTEN, OneLineParser, fail
 from core.envs import reexec_in_host_env
 
 if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pandas is in the host env
@@ -35,7 +38,7 @@ import pandas as pd  # noqa: E402
 from analysis import figures, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
-from analysis.store import ResultStore, StoreError
+from analysis.store import CampaignBusy, CampaignLock, ResultStore, StoreError
 
 REPORT_FILENAME = "report.html"
 ERROR_TAIL_LINES = 40
@@ -662,8 +665,25 @@ def build_report(out_dir: str | Path) -> Path:
     made = figures.make_figures(frame, out_dir)
     _drop_stale_figures(out_dir, made)
     path = out_dir / REPORT_FILENAME
-    path.write_text(render_html(out_dir, frame, meta, built, made), encoding="utf-8")
+    partial = path.with_name(f".{REPORT_FILENAME}.tmp")
+    try:  # whole or not at all: a full disk leaves the previous report readable
+        partial.write_text(render_html(out_dir, frame, meta, built, made), encoding="utf-8")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
+
+
+def import_pending_records(out_dir: Path) -> list[str]:
+    """Store the run folders' records the store lacks, unless a campaign holds the folder
+    (it stores them itself); returns the run ids imported."""
+    try:
+        with CampaignLock(out_dir).acquire():
+            with ResultStore.for_campaign(out_dir, create=False) as store:
+                imported, _ = store.import_pending(out_dir)
+    except CampaignBusy:
+        return []
+    return imported
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,10 +692,17 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Build the HTML report of a dlcompare campaign folder.")
     parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
     args = parser.parse_args(argv)
+    out_dir = Path(args.out_dir)
     try:
-        print(build_report(args.out_dir))
+        if (out_dir / "results.sqlite").is_file():
+            imported = import_pending_records(out_dir)
+            if imported:
+                print(f"imported {len(imported)} run(s) measured but not stored before", file=sys.stderr)
+        print(build_report(out_dir))
     except StoreError as exc:
-        return fail(exc)
+        return fail(exc, exc.exit_code)
+    except OSError as exc:
+        return fail(f"report not written: {exc.strerror or exc}: {exc.filename or out_dir}", EXIT_NOT_WRITTEN)
     return 0
 
 

@@ -25,23 +25,59 @@ with `set_predictions`: the run's predicted columns, the phases' ``predicted_s``
 Records are validated on the way in (identity fields present, no unknown keys, values of
 the declared type) so that a typo in an adapter fails loudly at the first run instead of
 leaving a silently empty column in the report.
+
+Nothing measured is lost to a failing store or disk:
+
+- the schema carries its version (``PRAGMA user_version``, `SCHEMA_VERSION`); opening an
+  older store runs the `MIGRATIONS` above its version, and a store newer than this code is
+  refused for writing; columns the record contract gained are added whenever missing;
+- every open runs ``PRAGMA quick_check`` first: a damaged store (`StoreDamaged`) is never
+  written to, and `repair_campaign` salvages its readable rows into a new store, keeping
+  the damaged file beside it;
+- a failed write (a full disk) is one line (`StoreError`) with SQLite's own cause, and
+  leaves the store as it was: SQLite may have rolled the transaction back itself, so the
+  ROLLBACK that follows never hides the cause;
+- each run folder keeps the run's ``record.json`` (`launchers.campaign`); `import_pending`
+  stores the ones the store lacks (the next campaign with the same --out, and
+  ``python -m analysis.report``);
+- one writer per campaign folder (`CampaignLock`, an flock the kernel drops when its holder
+  dies however it dies, so a dead campaign's lock is simply taken over).
+
+``python -m analysis.store repair DIR`` salvages a damaged store from the command line.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import fcntl
 import json
 import math
+import os
 import sqlite3
+import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
+from urllib.parse import quote
 
-import pandas as pd
+from core.cli import EXIT_NOT_WRITTEN, EXIT_USAGE, OneLineParser, fail
+from core.envs import reexec_in_host_env
 
-from analysis.calibration import CalibrationFit, summarize
-from analysis.record import PHASES, RUN_COLUMNS, RUN_FIELDS, STATUSES
+if __name__ == "__main__":  # `python3 -m analysis.store` from any Python: pandas is in the host env
+    reexec_in_host_env("analysis.store", sys.argv[1:])
+
+import pandas as pd  # noqa: E402
+
+from analysis.calibration import CalibrationFit, summarize  # noqa: E402
+from analysis.record import PHASES, RUN_COLUMNS, RUN_FIELDS, STATUSES  # noqa: E402
 
 STORE_FILENAME = "results.sqlite"
+LOCK_FILENAME = ".dlcompare.lock"
+RECORD_FILENAME = "record.json"  # in each run folder: runs/<run id>/record.json
+# The layout of the tables; each step up has its entry in MIGRATIONS.
+SCHEMA_VERSION = 1
+TABLES = ("runs", "phases", "campaign_meta", "calibration", "calibration_points")
 
 # Fields without which a record cannot be found again, grouped or reported.
 REQUIRED_FIELDS: tuple[str, ...] = ("run_id", "framework", "model", "status")
@@ -79,7 +115,34 @@ def calibration_key(row: Mapping[str, Any]) -> tuple:
 
 
 class StoreError(Exception):
-    """The store cannot be opened or written; the message is one line, fit for a CLI."""
+    """The store cannot be opened or written; the message is one line, fit for a CLI, and
+    `exit_code` the status a command ends with for it (core.cli)."""
+
+    exit_code = EXIT_NOT_WRITTEN
+
+
+class NoStore(StoreError):
+    """A reader was pointed at a folder without a store: bad input."""
+
+    exit_code = EXIT_USAGE
+
+
+class StoreDamaged(StoreError):
+    """The store failed its integrity check: it is not written to; the message says how to
+    recover."""
+
+
+class CampaignBusy(StoreError):
+    """Another live process holds the campaign folder's lock: nothing was run."""
+
+    exit_code = EXIT_USAGE
+
+
+def damage_message(path: Path, problem: str) -> str:
+    return (f"result store {path} is damaged ({problem.strip().splitlines()[0][:200]}); nothing "
+            f"was written to it: salvage its readable runs into a new store (the damaged file "
+            f"is kept) with --repair or `python -m analysis.store repair {path.parent}`, or use "
+            f"a new --out folder")
 
 
 # --------------------------------------------------------------------------- validation
@@ -188,122 +251,200 @@ def flatten(prefix: str, value: dict) -> dict[str, Any]:
     return flat
 
 
+# --------------------------------------------------------------------------- schema
+
+def _schema_v1(conn: sqlite3.Connection) -> None:
+    """Version 1: the five tables (stores made before the version was kept have some or all
+    of them: every statement is IF NOT EXISTS)."""
+    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in RUN_FIELDS)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns}, env_json TEXT, extra_json TEXT, "
+                 "PRIMARY KEY (run_id))")
+    conn.execute("CREATE TABLE IF NOT EXISTS phases (run_id TEXT NOT NULL, phase TEXT NOT NULL, "
+                 "measured_s REAL, predicted_s REAL, PRIMARY KEY (run_id, phase))")
+    conn.execute("CREATE TABLE IF NOT EXISTS campaign_meta (key TEXT PRIMARY KEY, value TEXT)")
+    calibration = ", ".join(f"{name} {sqltype}" for name, sqltype in CALIBRATION_FIELDS)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS calibration (calibration_id INTEGER PRIMARY KEY "
+                 f"AUTOINCREMENT, {calibration}, measured_at TEXT, env_json TEXT, extra_json TEXT)")
+    conn.execute("CREATE TABLE IF NOT EXISTS calibration_points (calibration_id INTEGER NOT NULL, "
+                 "kind TEXT NOT NULL, bytes INTEGER NOT NULL, median_s REAL, p10_s REAL, p90_s REAL, "
+                 "repeats INTEGER, values_json TEXT, PRIMARY KEY (calibration_id, kind, bytes))")
+
+
+# Schema version -> the step that brings a store of the version below up to it. A store
+# opens at any version up to SCHEMA_VERSION: the steps above its version run in order, in
+# one transaction with the new user_version.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _schema_v1}
+
+
+def _add_contract_columns(conn: sqlite3.Connection) -> None:
+    """Columns the record contract (analysis/record.py) or the calibration fit gained since
+    the store was made: added with NULL for the old rows."""
+    wanted = {"runs": [(name, sqltype) for name, sqltype, _ in RUN_FIELDS]
+              + [("env_json", "TEXT"), ("extra_json", "TEXT")],
+              "calibration": list(CALIBRATION_FIELDS)}
+    for table, columns in wanted.items():
+        existing = set(table_columns(conn, table))
+        for name, sqltype in columns:
+            if name not in existing:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sqltype}")
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def _connect(path: Path, create: bool, read_only: bool) -> sqlite3.Connection:
+    """A connection that creates the file only when `create`, and writes nothing when
+    `read_only`: a WAL store in a folder without write access cannot be opened ``mode=ro``
+    (SQLite would create its -shm file), so it is read as ``immutable``, which is what it is
+    to this process."""
+    def connect(target: str, uri: bool) -> sqlite3.Connection:
+        return sqlite3.connect(target, timeout=60, isolation_level=None, uri=uri,
+                               check_same_thread=False)
+
+    if not read_only:
+        return connect(f"file:{quote(str(path))}?mode=rw", True) if not create else connect(str(path), False)
+    conn = connect(f"file:{quote(str(path))}?mode=ro", True)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+        if os.access(path.parent, os.W_OK):
+            raise
+        return connect(f"file:{quote(str(path))}?immutable=1", True)
+
+
+def integrity_problem(conn: sqlite3.Connection) -> str | None:
+    """None when `PRAGMA quick_check` passes, else its first complaint (or SQLite's error
+    when the file cannot even be read as a database)."""
+    try:
+        rows = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    return None if rows == ["ok"] else (rows[0] if rows else "quick_check returned nothing")
+
+
 # --------------------------------------------------------------------------- the store
 
 class ResultStore:
     """One campaign's records in SQLite.
 
     ``ResultStore(path)`` opens (creating if needed) the file at `path`; its folder must
-    exist.  ``create=False`` refuses to create a store (for readers such as the report).
-    Opening an existing store never truncates it; a store written by an older record
-    contract gains the new columns (NULL for old rows).
+    exist.  ``create=False`` refuses to create a store (for readers such as the report);
+    ``read_only=True`` also never writes, not even to migrate an older schema, and works in
+    a folder without write access (a dry run).  Every open checks the store's integrity
+    first (`StoreDamaged`).  Opening an existing store never truncates it.  `lock`, a held
+    `CampaignLock`, is released when the store is closed.
     """
 
-    def __init__(self, path: str | Path, create: bool = True):
+    def __init__(self, path: str | Path, create: bool = True, read_only: bool = False,
+                 lock: "CampaignLock | None" = None):
         self.path = Path(path)
         self._lock = threading.Lock()
-        if not create and not self.path.is_file():
-            raise StoreError(f"no result store at {self.path}")
-        if self.path.is_dir():
-            raise StoreError(f"cannot open result store {self.path}: it is a directory")
-        if not self.path.parent.is_dir():
-            raise StoreError(f"cannot open result store {self.path}: {self.path.parent} is not an existing folder")
+        self._folder_lock = lock
         self._conn = None
         try:
-            self._conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None,
-                                         check_same_thread=False)
+            if (read_only or not create) and not self.path.is_file():
+                raise NoStore(f"no result store at {self.path}")
+            if self.path.is_dir():
+                raise StoreError(f"cannot open result store {self.path}: it is a directory")
+            if not self.path.parent.is_dir():
+                raise StoreError(f"cannot open result store {self.path}: {self.path.parent} "
+                                 "is not an existing folder")
+            self._conn = _connect(self.path, create, read_only)
             self._conn.row_factory = sqlite3.Row
-            self._init_schema(writable_check=create)
-        except sqlite3.Error as exc:
-            if self._conn is not None:
-                self._conn.close()
-            raise StoreError(f"cannot open result store {self.path}: {exc}") from None
+            self._check_integrity()
+            if not read_only:
+                self._migrate(writer=create)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open result store {self.path}: {exc}") from None
+            raise
 
     @classmethod
-    def for_campaign(cls, out_dir: str | Path, create: bool = True) -> "ResultStore":
+    def for_campaign(cls, out_dir: str | Path, create: bool = True,
+                     read_only: bool = False) -> "ResultStore":
         """The store of the campaign folder `out_dir` (created with its folder if needed)."""
         out_dir = Path(out_dir)
-        if create:
+        if create and not read_only:
             try:
                 out_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create campaign folder {out_dir}: {exc.strerror or exc}") from None
-        return cls(out_dir / STORE_FILENAME, create=create)
+        return cls(out_dir / STORE_FILENAME, create=create, read_only=read_only)
 
-    # -- schema ---------------------------------------------------------------------------
+    # -- integrity and schema ----------------------------------------------------------------
 
-    def _init_schema(self, writable_check: bool) -> None:
-        """Create missing tables/columns; write only when something is missing.
+    def _check_integrity(self) -> None:
+        """`PRAGMA quick_check` (every page and cell readable, no index checked against its
+        table: linear in the file's size, milliseconds for a campaign); StoreDamaged if not."""
+        problem = integrity_problem(self._conn)
+        if problem:
+            raise StoreDamaged(damage_message(self.path, problem))
+
+    def _migrate(self, writer: bool) -> None:
+        """Bring the schema to `SCHEMA_VERSION` and the record contract's columns; write only
+        when something is missing, or always for a writer, whose open then fails early when
+        the file is not writable.
 
         WAL lets the report read while a campaign appends; ``busy_timeout`` (via the
         connect timeout) makes concurrent writers wait instead of failing.
         """
-        if writable_check or not self._schema_complete():
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"result store {self.path} has schema version {version}, newer than "
+                             f"this dlcompare's {SCHEMA_VERSION}: open it with a newer dlcompare")
+        if not writer and version == SCHEMA_VERSION and self._columns_complete():
+            return
+        if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("BEGIN IMMEDIATE")  # fails early when the file is not writable
-            try:
-                self._create_tables()
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        with self._writing("prepare") as conn:
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                MIGRATIONS[target](conn)
+            _add_contract_columns(conn)
+            if version != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _existing_columns(self, table: str) -> list[str]:
-        return [row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")]
+        return table_columns(self._conn, table)
 
-    def _schema_complete(self) -> bool:
+    def _columns_complete(self) -> bool:
         runs = set(self._existing_columns("runs"))
         return (runs >= set(RUN_COLUMNS) | {"env_json", "extra_json"}
-                and bool(self._existing_columns("phases"))
-                and bool(self._existing_columns("campaign_meta"))
-                and set(self._existing_columns("calibration")) >= set(CALIBRATION_COLUMNS)
-                and bool(self._existing_columns("calibration_points")))
-
-    def _create_tables(self) -> None:
-        columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in RUN_FIELDS)
-        self._conn.execute(
-            f"CREATE TABLE IF NOT EXISTS runs ({columns}, env_json TEXT, extra_json TEXT, "
-            "PRIMARY KEY (run_id))")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS phases (run_id TEXT NOT NULL, phase TEXT NOT NULL, "
-            "measured_s REAL, predicted_s REAL, PRIMARY KEY (run_id, phase))")
-        self._conn.execute("CREATE TABLE IF NOT EXISTS campaign_meta (key TEXT PRIMARY KEY, value TEXT)")
-        calibration = ", ".join(f"{name} {sqltype}" for name, sqltype in CALIBRATION_FIELDS)
-        self._conn.execute(
-            f"CREATE TABLE IF NOT EXISTS calibration (calibration_id INTEGER PRIMARY KEY AUTOINCREMENT, "
-            f"{calibration}, measured_at TEXT, env_json TEXT, extra_json TEXT)")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS calibration_points (calibration_id INTEGER NOT NULL, kind TEXT NOT NULL, "
-            "bytes INTEGER NOT NULL, median_s REAL, p10_s REAL, p90_s REAL, repeats INTEGER, values_json TEXT, "
-            "PRIMARY KEY (calibration_id, kind, bytes))")
-        existing = set(self._existing_columns("runs"))
-        for name, sqltype, _ in RUN_FIELDS:
-            if name not in existing:  # the record contract grew since this store was made
-                self._conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {sqltype}")
-        for name in ("env_json", "extra_json"):
-            if name not in existing:
-                self._conn.execute(f"ALTER TABLE runs ADD COLUMN {name} TEXT")
-        existing = set(self._existing_columns("calibration"))
-        for name, sqltype in CALIBRATION_FIELDS:
-            if name not in existing:  # calibrations grew the emulated links they ran on
-                self._conn.execute(f"ALTER TABLE calibration ADD COLUMN {name} {sqltype}")
+                and set(self._existing_columns("calibration")) >= set(CALIBRATION_COLUMNS))
 
     # -- writing --------------------------------------------------------------------------
 
-    def _transaction(self, statements: Iterable[tuple[str, tuple]]) -> None:
-        """Run statements in one IMMEDIATE transaction: all land, or none."""
+    @contextmanager
+    def _writing(self, what: str = "write") -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: everything in the block lands, or nothing.
+
+        On a full disk (SQLITE_FULL) or an I/O error SQLite may already have rolled the
+        transaction back; the ROLLBACK after it then fails with "no transaction is active",
+        which must not replace the cause the user needs to see."""
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for sql, params in statements:
-                        self._conn.execute(sql, params)
+                    yield self._conn
                     self._conn.execute("COMMIT")
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    if self._conn.in_transaction:
+                        try:
+                            self._conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass  # rolled back already; the error being raised says why
                     raise
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot write result store {self.path}: {exc}") from None
+                raise StoreError(f"cannot {what} result store {self.path}: {exc}") from None
+
+    def _transaction(self, statements: Iterable[tuple[str, tuple]]) -> None:
+        """Run statements in one IMMEDIATE transaction: all land, or none."""
+        with self._writing() as conn:
+            for sql, params in statements:
+                conn.execute(sql, params)
 
     def add(self, record: dict) -> None:
         """Insert or replace one run and its phase rows, atomically.
@@ -345,35 +486,26 @@ class ResultStore:
         names = ", ".join(CALIBRATION_COLUMNS + ("measured_at", "env_json", "extra_json"))
         marks = ", ".join("?" * (len(CALIBRATION_COLUMNS) + 3))
         key = " AND ".join(f"IFNULL({k}, '') = ?" for k in CALIBRATION_KEY)
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    old = [r[0] for r in self._conn.execute(
-                        f"SELECT calibration_id FROM calibration WHERE {key}", calibration_key(row))]
-                    for calibration_id in old:
-                        self._conn.execute("DELETE FROM calibration_points WHERE calibration_id = ?", (calibration_id,))
-                        self._conn.execute("DELETE FROM calibration WHERE calibration_id = ?", (calibration_id,))
-                    cursor = self._conn.execute(
-                        f"INSERT INTO calibration ({names}) VALUES ({marks})",
-                        (*[_plain(row[k]) for k in CALIBRATION_COLUMNS], measured_at,
-                         json.dumps(env or {}, sort_keys=True, default=str),
-                         json.dumps(extra or {}, sort_keys=True, default=str)))
-                    calibration_id = cursor.lastrowid
-                    for kind, data in (("collective", points), ("reduction", reduction_points or {})):
-                        for item in summarize(data):
-                            values = [float(v) for v in data.get(item.nbytes, data.get(str(item.nbytes), []))]
-                            self._conn.execute(
-                                "INSERT INTO calibration_points (calibration_id, kind, bytes, median_s, p10_s, "
-                                "p90_s, repeats, values_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                (calibration_id, kind, item.nbytes, item.median, item.p10, item.p90,
-                                 item.repeats, json.dumps(values)))
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot write result store {self.path}: {exc}") from None
+        with self._writing() as conn:
+            old = [r[0] for r in conn.execute(
+                f"SELECT calibration_id FROM calibration WHERE {key}", calibration_key(row))]
+            for calibration_id in old:
+                conn.execute("DELETE FROM calibration_points WHERE calibration_id = ?", (calibration_id,))
+                conn.execute("DELETE FROM calibration WHERE calibration_id = ?", (calibration_id,))
+            cursor = conn.execute(
+                f"INSERT INTO calibration ({names}) VALUES ({marks})",
+                (*[_plain(row[k]) for k in CALIBRATION_COLUMNS], measured_at,
+                 json.dumps(env or {}, sort_keys=True, default=str),
+                 json.dumps(extra or {}, sort_keys=True, default=str)))
+            calibration_id = cursor.lastrowid
+            for kind, data in (("collective", points), ("reduction", reduction_points or {})):
+                for item in summarize(data):
+                    values = [float(v) for v in data.get(item.nbytes, data.get(str(item.nbytes), []))]
+                    conn.execute(
+                        "INSERT INTO calibration_points (calibration_id, kind, bytes, median_s, p10_s, "
+                        "p90_s, repeats, values_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (calibration_id, kind, item.nbytes, item.median, item.p10, item.p90,
+                         item.repeats, json.dumps(values)))
         return calibration_id
 
     def set_predictions(self, predictions: Iterable[dict]) -> None:
@@ -385,43 +517,53 @@ class ResultStore:
         the run did not measure gets a row with only its prediction.
         """
         predictions = list(predictions)
-        with self._lock:
+        with self._writing() as conn:
+            for item in predictions:
+                run_id = item["run_id"]
+                found = conn.execute("SELECT extra_json FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+                if not found:
+                    continue
+                extra = json.loads(found[0]["extra_json"] or "{}")
+                if item.get("prediction") is None:
+                    extra.pop("prediction", None)
+                else:
+                    extra["prediction"] = item["prediction"]
+                conn.execute(
+                    "UPDATE runs SET predicted_iter_time = ?, prediction_error = ?, extra_json = ? "
+                    "WHERE run_id = ?",
+                    (_coerce("predicted_iter_time", item.get("predicted_iter_time")),
+                     _coerce("prediction_error", item.get("prediction_error")),
+                     json.dumps(extra, sort_keys=True, default=str), run_id))
+                phases = item.get("phases") or {}
+                conn.execute("UPDATE phases SET predicted_s = NULL WHERE run_id = ?", (run_id,))
+                for phase, value in phases.items():
+                    value = _real(phase, value)
+                    updated = conn.execute(
+                        "UPDATE phases SET predicted_s = ? WHERE run_id = ? AND phase = ?",
+                        (value, run_id, phase)).rowcount
+                    if not updated:
+                        conn.execute(
+                            "INSERT INTO phases (run_id, phase, measured_s, predicted_s) VALUES (?, ?, NULL, ?)",
+                            (run_id, phase, value))
+
+    def import_pending(self, out_dir: str | Path) -> tuple[list[str], list[str]]:
+        """Store the run folders' records (``runs/*/record.json``) that the store lacks: runs
+        measured while the store could not be written (a full disk), or whose campaign died
+        between the run's end and its storing.  Returns (the run ids imported, one line per
+        record that could not be read); a StoreError when the store cannot be written."""
+        stored = self.run_ids()
+        imported, unreadable = [], []
+        for path in sorted(Path(out_dir).glob(f"runs/*/{RECORD_FILENAME}")):
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for item in predictions:
-                        run_id = item["run_id"]
-                        found = self._conn.execute("SELECT extra_json FROM runs WHERE run_id = ?", (run_id,)).fetchall()
-                        if not found:
-                            continue
-                        extra = json.loads(found[0]["extra_json"] or "{}")
-                        if item.get("prediction") is None:
-                            extra.pop("prediction", None)
-                        else:
-                            extra["prediction"] = item["prediction"]
-                        self._conn.execute(
-                            "UPDATE runs SET predicted_iter_time = ?, prediction_error = ?, extra_json = ? "
-                            "WHERE run_id = ?",
-                            (_coerce("predicted_iter_time", item.get("predicted_iter_time")),
-                             _coerce("prediction_error", item.get("prediction_error")),
-                             json.dumps(extra, sort_keys=True, default=str), run_id))
-                        phases = item.get("phases") or {}
-                        self._conn.execute("UPDATE phases SET predicted_s = NULL WHERE run_id = ?", (run_id,))
-                        for phase, value in phases.items():
-                            value = _real(phase, value)
-                            updated = self._conn.execute(
-                                "UPDATE phases SET predicted_s = ? WHERE run_id = ? AND phase = ?",
-                                (value, run_id, phase)).rowcount
-                            if not updated:
-                                self._conn.execute(
-                                    "INSERT INTO phases (run_id, phase, measured_s, predicted_s) VALUES (?, ?, NULL, ?)",
-                                    (run_id, phase, value))
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot write result store {self.path}: {exc}") from None
+                record = json.loads(path.read_text())
+                if not isinstance(record, dict) or record.get("run_id") in stored:
+                    continue
+                self.add(record)
+            except (OSError, ValueError) as error:
+                unreadable.append(f"{path}: {error}")
+            else:
+                imported.append(record["run_id"])
+        return imported, unreadable
 
     # -- reading --------------------------------------------------------------------------
 
@@ -508,7 +650,7 @@ class ResultStore:
         """One row per run as a pandas DataFrame.
 
         Besides the run columns: ``env_<key>`` and ``extra_<key>`` columns (nested dicts
-        flattened with ``_``), and per phase ``phase_<name>_s`` (measured) and
+        flattened with ``_``; numbers as numbers, see `free_column`), and per phase ``phase_<name>_s`` (measured) and
         ``phase_<name>_pred_s`` (predicted) so that tables need no join.  Every phase of
         `record.PHASES` has its columns even when no run measured it.
         """
@@ -521,8 +663,8 @@ class ResultStore:
             base.append(flat)
         frame = pd.DataFrame(base, columns=None if base else list(RUN_COLUMNS))
         for column in frame.columns:
-            if column.startswith(("env_", "extra_")):  # free-form: keep 16 as 16, not 16.0
-                frame[column] = pd.Series([row.get(column) for row in base], index=frame.index, dtype=object)
+            if column.startswith(("env_", "extra_")):
+                frame[column] = free_column([row.get(column) for row in base], frame.index)
         frame = _typed(frame)
         return frame.join(self._phase_columns(), on="run_id") if len(frame) else _with_phase_columns(frame)
 
@@ -559,7 +701,12 @@ class ResultStore:
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._conn.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._folder_lock is not None:
+            self._folder_lock.release()
+            self._folder_lock = None
 
     def __enter__(self) -> "ResultStore":
         return self
@@ -572,6 +719,18 @@ class ResultStore:
 
     def __repr__(self) -> str:
         return f"ResultStore({str(self.path)!r})"
+
+
+def free_column(values: list, index) -> pd.Series:
+    """A free-form ``env_``/``extra_`` column: whole numbers as nullable Int64 (16 stays 16,
+    not 16.0), numbers as float64, anything else (text, booleans, mixed) as objects."""
+    present = [v for v in values if v is not None]
+    numbers = [v for v in present if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not present or len(numbers) != len(present):
+        return pd.Series(values, index=index, dtype=object)
+    if all(isinstance(v, int) for v in numbers):
+        return pd.Series(values, index=index, dtype="Int64")
+    return pd.Series([math.nan if v is None else float(v) for v in values], index=index, dtype="float64")
 
 
 def _typed(frame):
@@ -593,3 +752,226 @@ def _with_phase_columns(frame):
         frame[f"phase_{name}_s"] = pd.Series(dtype="float64")
         frame[f"phase_{name}_pred_s"] = pd.Series(dtype="float64")
     return frame
+
+
+# --------------------------------------------------------------------------- one writer per folder
+
+class CampaignLock:
+    """An advisory lock on a campaign folder, so that two campaigns (or a campaign and a
+    calibration) never write the same store and run folders at once.
+
+    `flock` on ``.dlcompare.lock``: the kernel drops it when the holder's process ends,
+    however it ends (SIGKILL and the OOM killer included), so a dead holder's lock is simply
+    taken over.  The file names the holder (pid and command) for the refusal message, and is
+    emptied on release, so a pid found in it by the next holder is one that died holding it.
+    The descriptor is not inherited by the processes a campaign starts (Python opens files
+    close-on-exec)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILENAME
+        self._fd: int | None = None
+        self.took_over: str | None = None  # the holder that died holding it, if one did
+
+    def acquire(self, wait: bool = False, on_wait: Callable[[str], None] | None = None) -> "CampaignLock":
+        """Take the lock; CampaignBusy (one line, the holder's pid) when another live process
+        holds it, unless `wait`: then block until it is free (Ctrl-C ends the wait)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot lock campaign folder {self.folder}: {exc.strerror or exc}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self.holder(fd)
+                if not wait:
+                    raise CampaignBusy(f"campaign folder {self.folder} is in use by {holder}: wait for "
+                                       "it to end (or pass --wait), or use another --out") from None
+                if on_wait:
+                    on_wait(f"campaign folder {self.folder} is in use by {holder}: waiting (--wait)")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.took_over = self.holder(fd) if os.fstat(fd).st_size else None
+        try:
+            os.ftruncate(fd, 0)
+            command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+            os.pwrite(fd, f"{os.getpid()} {command[:500]}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk cannot take the holder's name; the lock itself is held
+        return self
+
+    @staticmethod
+    def holder(fd: int) -> str:
+        """'pid N (command)' as the holder wrote it, or 'another process'."""
+        try:
+            pid, _, command = os.pread(fd, 600, 0).decode(errors="replace").strip().partition(" ")
+        except OSError:
+            return "another process"
+        if not pid.isdigit():
+            return "another process"
+        if len(command) > 60:
+            command = command[:59] + "…"
+        return f"pid {pid}" + (f" ({command})" if command else "")
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+    def __enter__(self) -> "CampaignLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def open_campaign(out_dir: str | Path, wait: bool = False, repair: bool = False,
+                  log: Callable[[str], None] = print) -> ResultStore:
+    """The store of a campaign about to write to it: the folder locked (`CampaignLock`, held
+    until the store is closed), repaired first when asked and damaged, checked, and the run
+    folders' records it lacked imported (`import_pending`). Raises StoreError (CampaignBusy,
+    StoreDamaged) with one line."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create campaign folder {out_dir}: {exc.strerror or exc}") from None
+    lock = CampaignLock(out_dir).acquire(wait=wait, on_wait=log)
+    try:
+        if lock.took_over:
+            log(f"campaign folder: {lock.took_over} ended without releasing it; taken over")
+        if repair:
+            log(repair_campaign(out_dir) or f"--repair: {out_dir / STORE_FILENAME} is intact")
+        store = ResultStore(out_dir / STORE_FILENAME, lock=lock)
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        imported, unreadable = store.import_pending(out_dir)
+    except BaseException:
+        store.close()
+        raise
+    for line in unreadable:
+        log(f"not imported: {line}")
+    if imported:
+        log(f"imported {len(imported)} run(s) measured but not stored before: {', '.join(imported)}")
+    return store
+
+
+# --------------------------------------------------------------------------- repair
+
+def repair_campaign(out_dir: str | Path) -> str | None:
+    """Salvage a damaged store: move it aside (kept as ``results.sqlite.damaged-<UTC time>``
+    with its -wal file), copy every row SQLite can still read into a new store, then import
+    the run folders' records the salvage missed.  Returns one line saying what was saved;
+    None when the store is absent or intact.  The caller holds the folder's lock."""
+    out_dir = Path(out_dir)
+    path = out_dir / STORE_FILENAME
+    if not path.is_file():
+        return None
+    with sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True) as probe:
+        problem = integrity_problem(probe)
+    probe.close()
+    if problem is None:
+        return None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    kept = path.with_name(f"{STORE_FILENAME}.damaged-{stamp}")
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            if Path(f"{path}{suffix}").exists():
+                os.replace(f"{path}{suffix}", f"{kept}{suffix}")
+    except OSError as exc:
+        raise StoreError(f"cannot move the damaged store {path} aside: {exc.strerror or exc}") from None
+    with ResultStore(path) as store:
+        salvaged = salvage_rows(kept, store)
+        imported, _ = store.import_pending(out_dir)
+        runs = len(store)
+    counts = ", ".join(f"{n} {table}" for table, n in salvaged.items() if n)
+    return (f"repaired {path}: salvaged {counts or 'nothing'}; imported {len(imported)} run(s) from "
+            f"their run folders; {runs} run(s) stored now; the damaged file is kept as {kept.name}")
+
+
+def salvage_rows(damaged: Path, store: ResultStore) -> dict[str, int]:
+    """Copy the rows of every table that SQLite can still read from `damaged` into `store`
+    (a healthy one); rows on damaged pages are skipped. Returns rows copied per table."""
+    copied = {}
+    try:
+        source = sqlite3.connect(f"file:{quote(str(damaged))}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return {}
+    try:
+        for table in TABLES:
+            try:
+                columns = [c for c in table_columns(source, table) if c in table_columns(store._conn, table)]
+            except sqlite3.DatabaseError:
+                continue  # the schema itself is unreadable
+            if not columns:
+                continue
+            rows = readable_rows(source, table, columns)
+            names, marks = ", ".join(columns), ", ".join("?" * len(columns))
+            with store._writing() as conn:
+                conn.executemany(f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({marks})", rows)
+            copied[table] = len(rows)
+    finally:
+        source.close()
+    return copied
+
+
+def readable_rows(conn: sqlite3.Connection, table: str, columns: list[str],
+                  give_up_after: int = 1000) -> list[tuple]:
+    """Every row of `table` SQLite can read: all at once when the table reads whole, else
+    row by row through its rowids (a damaged page costs the rows on it), up to the largest
+    rowid or, when even that is unreadable, `give_up_after` missing rowids in a row."""
+    select = f"SELECT {', '.join(columns)} FROM {table}"
+    try:
+        return [tuple(row) for row in conn.execute(select).fetchall()]
+    except sqlite3.DatabaseError:
+        pass
+    try:
+        top = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0]
+    except sqlite3.DatabaseError:
+        top = None
+    rows, rowid, missing = [], 1, 0
+    while (rowid <= top) if top is not None else (missing < give_up_after):
+        try:
+            row = conn.execute(f"{select} WHERE rowid = ?", (rowid,)).fetchone()
+        except sqlite3.DatabaseError:
+            row = None
+        if row is None:
+            missing += 1
+        else:
+            rows.append(tuple(row))
+            missing = 0
+        rowid += 1
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.store repair DIR``: salvage a campaign's damaged store."""
+    parser = OneLineParser(prog="python -m analysis.store",
+                           description="Repair a campaign's damaged results.sqlite: its readable "
+                                       "rows and the run folders' records go into a new store; "
+                                       "the damaged file is kept beside it.")
+    parser.add_argument("action", choices=["repair"])
+    parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
+    args = parser.parse_args(argv)
+    try:
+        with CampaignLock(args.out_dir).acquire():
+            print(repair_campaign(args.out_dir) or f"{Path(args.out_dir) / STORE_FILENAME} is intact "
+                  "(or absent): nothing to repair")
+    except StoreError as exc:
+        return fail(exc, exc.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,19 +1,23 @@
 """What every command-line entry point shares: one error format, usage errors in one line, the
 exit codes, and interrupts that end a command the way Ctrl-C does.
 
-Exit codes: 0 everything ran, 1 something ran and failed (recorded), 2 bad input (nothing was
-run), 130 interrupted (what was measured is kept).
+Exit codes: 0 everything ran, 1 something ran and failed (recorded), 2 bad input or the
+campaign folder in use by another campaign (nothing was run), 3 results could not be written
+(a full disk, a damaged store; what was measured is kept in its run folder and stored by the
+next run of the command), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: what was measured is kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_WRITTEN = 3
 EXIT_INTERRUPTED = 130
 
 
@@ -24,8 +28,12 @@ def error_line(message: object) -> str:
 
 
 def fail(message: object, code: int = EXIT_USAGE) -> int:
-    """Print `message` as the one error line on stderr and return `code` for the caller to exit."""
-    print(error_line(message), file=sys.stderr, flush=True)
+    """Print `message` as the one error line on stderr and return `code` for the caller to exit.
+    A terminal that is gone (SIGHUP, then EIO on every write) does not change the exit code."""
+    try:
+        print(error_line(message), file=sys.stderr, flush=True)
+    except OSError:
+        pass
     return code
 
 
@@ -42,6 +50,28 @@ def raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def hang_up_terminal(terminals: tuple[int, ...]):
+    """A SIGHUP handler: the terminal on `terminals` (file descriptors) is gone, so every
+    later write there would fail (EIO) and turn the orderly end into a traceback: point them
+    at /dev/null, then end like Ctrl-C."""
+    def handler(signum, frame):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in terminals:
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        raise KeyboardInterrupt
+
+    return handler
+
+
 def interrupt_on_termination() -> None:
-    """SIGTERM ends the command like Ctrl-C."""
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    """SIGTERM and SIGHUP (the terminal closed, the ssh session to it lost) end the command
+    like Ctrl-C, so its runs are killed and its clusters torn down before it exits. (What a
+    signal that cannot be caught, SIGKILL, leaves behind ends with it by other means: each
+    rank's parent-death signal and parent watch, the clusters' reapers.) A signal ignored
+    when the command started stays ignored: `nohup` keeps a campaign going past its terminal."""
+    handlers = {signal.SIGTERM: raise_interrupt,
+                signal.SIGHUP: hang_up_terminal(tuple(fd for fd in (1, 2) if os.isatty(fd)))}
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)

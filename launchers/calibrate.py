@@ -16,7 +16,8 @@ beta, gamma; the fit and every timing go to the campaign's results.sqlite (table
 
 Output follows nccl-tests: time per size, algbw = bytes / time, busbw = algbw * 2(p-1)/p
 for all-reduce.  Exit codes: 0 every calibration stored, 1 one failed (said in one line; the
-others are stored), 2 bad input.
+others are stored), 2 bad input or --out in use by a campaign, 3 the store cannot be written
+(a full disk, a damaged store), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="results/campaign",
                         help="campaign folder whose results.sqlite gets the calibration (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per calibration run (default: %(default)s)")
+    parser.add_argument("--wait", action="store_true",
+                        help="when a campaign holds --out, wait for it to end instead of refusing to start")
+    parser.add_argument("--repair", action="store_true",
+                        help="when --out's results.sqlite is damaged, salvage it into a new store first")
     parser.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="adapter option for the ranks, repeatable (as launchers.compare): "
                              "share_gpu=true lets two ranks share one GPU")

@@ -18,7 +18,7 @@ from adapters.base import RunConfig
 from analysis.calibration import (CalibrationFit, default_sizes, drift_line, fit_calibration,
                                   fit_contention, format_points, link_gbps, pool_probes,
                                   pool_samples)
-from analysis.store import ResultStore, StoreError, calibration_key
+from analysis.store import StoreError, calibration_key, open_campaign
 from analysis.units import UnitError, parse_size
 from core.cli import fail, interrupt_on_termination
 from core.envs import REPO_ROOT, EnvBuildError
@@ -39,8 +39,7 @@ def settings_from_args(args) -> dict:
     """Validate everything before anything starts (UsageError with one line)."""
     if args.repeats < 1 or args.warmup < 0:
         raise planning.UsageError("--repeats must be at least 1 and --warmup not negative")
-    if args.timeout <= 0:
-        raise planning.UsageError("--timeout must be positive")
+    planning.positive_seconds(args.timeout, "--timeout")
     try:
         low, high = parse_size(args.min_bytes), parse_size(args.max_bytes)
     except UnitError as error:
@@ -246,22 +245,35 @@ def summary_lines(store) -> list[str]:
 def run_cli(args, argv: list[str]) -> int:
     """`python -m launchers.calibrate` after the re-exec: calibrate, store, print the fits."""
     console = Console(stderr=True)
+    store = None
     try:
         settings = settings_from_args(args)
         planning.check_out_dir(settings["out"])
-        store = ResultStore.for_campaign(settings["out"])
+        store = open_campaign(settings["out"], wait=getattr(args, "wait", False),
+                              repair=getattr(args, "repair", False),
+                              log=lambda text: console.print(text, soft_wrap=True, markup=False))
         pythons = prepare_interpreters(  # a framework that cannot run here is said again in its turn
             settings["frameworks"], settings["python"], log=console.print,
             warn=lambda message: console.print(f"[yellow]{message}[/yellow]"))
         cluster = make_cluster(parse_cluster(settings["cluster"]), SimpleNamespace(
             nodes=settings["nodes"], latencies=settings["latencies"]))
-    except (planning.UsageError, InterpreterError, EnvBuildError, StoreError, ClusterError) as error:
+    except StoreError as error:
+        return fail(error, error.exit_code)
+    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError,
+            KeyboardInterrupt) as error:
+        if store is not None:
+            store.close()
+        if isinstance(error, KeyboardInterrupt):  # while waiting for the folder (--wait)
+            console.print("[yellow]interrupted: nothing was calibrated[/yellow]")
+            return 130
         return fail(error)
     interrupt_on_termination()  # like Ctrl-C: ranks killed, cluster removed
     with store, cluster:
-        store.set_meta("calibration_command", "python -m launchers.calibrate " + shlex.join(argv))
         try:
+            store.set_meta("calibration_command", "python -m launchers.calibrate " + shlex.join(argv))
             failures = calibrate(settings, pythons, store, console, cluster=cluster)
+        except StoreError as error:  # a full disk: the calibrations stored before are kept
+            return fail(error, error.exit_code)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: finished calibrations are stored[/yellow]")
             return 130

@@ -2,6 +2,13 @@
 
 Runs in the launcher's own environment (envs/host.txt). Each run's record is stored the moment
 it ends, successful or not, so a crash, a timeout or Ctrl-C never loses what was measured.
+
+Nothing measured is lost to a failing disk or store either: the campaign holds its folder's
+lock (one campaign per folder; `--wait` queues behind the holder), checks the store when it
+opens it, keeps each record in its run folder (``runs/<id>/record.json``) before storing it,
+and stops at the first record it cannot store with one line and exit status 3; the next
+campaign on the folder (or ``python -m analysis.report``) stores the records kept. A report
+that cannot be written (a full disk, Ctrl-C) leaves every stored run as it was.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ from rich.table import Table
 
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
+from adapters.rankfiles import write_json_atomic
 from adapters.registry import framework_info
 from analysis.predict import predict_stored
 from analysis.record import empty_record
 from analysis.report import build_report
-from analysis.store import ResultStore, StoreError
+from analysis.store import ResultStore, StoreError, open_campaign
 from analysis.summary import print_summary
-from core.cli import fail, interrupt_on_termination
+from core.cli import EXIT_INTERRUPTED, EXIT_NOT_WRITTEN, fail, interrupt_on_termination
 from core.envs import REPO_ROOT, EnvBuildError, dlcompare_home
 from launchers import plan as planning
 from launchers.calibration_runs import calibrate_campaign
@@ -55,11 +63,10 @@ def campaign_from_args(args) -> planning.Campaign:
             raise planning.UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup < 0 or args.loader_workers < 0:
         raise planning.UsageError("--warmup and --loader-workers cannot be negative")
-    if args.timeout <= 0:
-        raise planning.UsageError("--timeout must be positive")
+    planning.positive_seconds(args.timeout, "--timeout")
     gpus = planning.gpu_count()
     device = planning.resolve_device(args.device, gpus)
-    workers = (planning.positive_ints(args.workers, "--workers") if args.workers
+    workers = (planning.positive_ints(args.workers, "--workers") if args.workers is not None
                else planning.default_workers(device, gpus))
     models = planning.parse_models(args.model)
     campaign = planning.Campaign(
@@ -246,6 +253,42 @@ def outcome_record(run: RunConfig, outcome) -> dict:
     return record
 
 
+class NotStored(Exception):
+    """A measured run's record could not be stored (one line); `record` is None when it is
+    kept in its run folder, else the record itself, kept nowhere yet."""
+
+    def __init__(self, message: str, record: dict | None):
+        super().__init__(message)
+        self.record = record
+
+
+def keep_record(run: RunConfig, record: dict) -> bool:
+    """Write the record, as it is about to be stored, to the run folder's record.json
+    (atomically: a full disk leaves rank 0's own record there, which is the same measurement).
+    True when the run folder holds a record of the run afterwards."""
+    path = Path(run.record_path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, record)
+    except OSError:
+        pass  # a full disk: rank 0's own record, if it wrote one, is still there
+    return path.exists()
+
+
+def store_record(store: ResultStore, run: RunConfig, record: dict) -> None:
+    """Keep the record in its run folder, then store it; NotStored when the store cannot
+    take it (a full disk, a store damaged during the campaign)."""
+    kept = keep_record(run, record)
+    try:
+        store.add(record)
+    except StoreError as error:
+        where = (f"its record is kept in {run.record_path} and is stored by the next run of "
+                 f"this command (or python -m analysis.report {Path(run.rank_dir).parents[1]})"
+                 if kept else "its record could not be kept either: it is printed on stdout")
+        raise NotStored(f"{error}; run {run.run_id} was measured but not stored: {where}",
+                        None if kept else record) from None
+
+
 def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
             containers=None) -> list[dict]:
     """Run the pending runs with a campaign bar and a per-run bar; store each record."""
@@ -265,7 +308,7 @@ def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
                 record = unavailable_record(run, f"unavailable here: {unavailable[run.framework]}")
             else:
                 record = execute(run, pythons, campaign, update, cluster, containers)
-            store.add(record)
+            store_record(store, run, record)
             predict_stored(store, record, console)  # the performance model's prediction
             records.append(record)
             progress.update(task, description=f"  {run.run_id} [{record['status']}]")
@@ -303,57 +346,117 @@ def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster) 
                           markup=False, highlight=False, soft_wrap=True)
 
 
+def note(text: str) -> None:
+    """A line about the campaign folder, printed as it is (paths and commands hold brackets)."""
+    console.print(text, soft_wrap=True, markup=False, highlight=False)
+
+
+def say(text: str) -> None:
+    """A closing message; a terminal that is gone (SIGHUP) does not turn it into a traceback."""
+    try:
+        console.print(text)
+    except OSError:
+        pass
+
+
+def dry_run(campaign: planning.Campaign, runs: list[RunConfig], spec, args) -> int:
+    """The plan (on a cluster each node's commands) and what the campaign will cost, reading
+    the store if there is one: nothing is written, so a folder without write access will do."""
+    stored: set[str] = set()
+    frame = pd.DataFrame()
+    if (campaign.out / "results.sqlite").exists():
+        with ResultStore.for_campaign(campaign.out, read_only=True) as store:
+            stored = store.run_ids(status="ok" if args.retry_failed else None)
+            frame = store.runs_frame()
+    print_plan(campaign, runs, stored)
+    if spec.kind != "local":
+        print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))
+    print_costs(console, campaign, [run for run in runs if run.run_id not in stored], frame,
+                getattr(args, "calibrate", False))
+    return 0
+
+
 def run_campaign_cli(args, argv: list[str]) -> int:
-    cluster = None
     try:
         campaign = campaign_from_args(args)
         runs = planning.expand(campaign)
         spec = parse_cluster(campaign.cluster)
-        if not args.dry_run:
-            preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
-            planning.check_out_dir(campaign.out)
-        store = None if args.dry_run and not (campaign.out / "results.sqlite").exists() \
-            else ResultStore.for_campaign(campaign.out)
-        stored = store.run_ids() if store else set()
-        if args.retry_failed and store:
-            stored = store.run_ids(status="ok")
-        print_plan(campaign, runs, stored)
         if args.dry_run:
-            if spec.kind != "local":
-                print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))
-            print_costs(console, campaign, [run for run in runs if run.run_id not in stored],
-                        store.runs_frame() if store else pd.DataFrame(), getattr(args, "calibrate", False))
-            return 0
+            return dry_run(campaign, runs, spec, args)
+        preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
+        planning.check_out_dir(campaign.out)
+        store = open_campaign(campaign.out, wait=getattr(args, "wait", False),
+                              repair=getattr(args, "repair", False), log=note)
+    except StoreError as error:
+        return fail(error, error.exit_code)
+    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError) as error:
+        return fail(error)
+    except KeyboardInterrupt:  # while waiting for the folder (--wait)
+        say("[yellow]interrupted: nothing was run[/yellow]")
+        return EXIT_INTERRUPTED
+    with store:  # the folder stays locked until the report is written
+        return run_campaign(campaign, runs, spec, store, args, argv)
+
+
+def run_campaign(campaign: planning.Campaign, runs: list[RunConfig], spec, store: ResultStore,
+                 args, argv: list[str]) -> int:
+    """Environments, data, the runs, the report, with the campaign folder locked."""
+    interrupt_on_termination()  # SIGTERM and SIGHUP end the campaign like Ctrl-C
+    cluster = containers = None
+    try:
+        stored = store.run_ids(status="ok") if args.retry_failed else store.run_ids()
+        print_plan(campaign, runs, stored)
         pythons, unavailable, containers = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]
         prepare_data(campaign, pending)
-        interrupt_on_termination()  # SIGTERM ends the campaign like Ctrl-C
         cluster = make_cluster(spec, campaign)
-    except (planning.UsageError, InterpreterError, EnvBuildError, StoreError, ClusterError) as error:
-        return fail(error)
-    try:
         store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
         store.set_meta("settings", planning.campaign_summary(campaign))
         calibrating = getattr(args, "calibrate", False)
         if calibrating:  # alpha, beta of each transport, where missing
             opened = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
-        for note in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
-                                  for latency in campaign.latencies)):
-            console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
+        for warning in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
+                                     for latency in campaign.latencies)):
+            console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
         records = run_all(campaign, pending, pythons, unavailable, store, cluster, containers)
         if calibrating and records:  # the same again after the runs, pooled (see pool_samples);
             # build_report below re-predicts every run with the pooled fits
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster, pool_since=opened)
+    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError) as error:
+        return fail(error)
+    except NotStored as error:
+        if error.record is not None:  # the last place left to keep it
+            print(json.dumps(error.record, default=str), flush=True)
+        return fail(error, EXIT_NOT_WRITTEN)
+    except StoreError as error:
+        return fail(error, error.exit_code)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: stored runs are kept; run the same command "
-                      "again to resume[/yellow]")
-        return 130
+        say("[yellow]interrupted: stored runs are kept; run the same command again to resume[/yellow]")
+        return EXIT_INTERRUPTED
     finally:
-        cluster.close()
-    report = build_report(campaign.out)
-    print_summary(campaign.out, make_console(sys.stdout))
-    console.print(f"report: {report}")
+        for used in (cluster, containers):
+            if used is not None:
+                used.close()
+    return report_and_summary(campaign, records)
+
+
+def report_and_summary(campaign: planning.Campaign, records: list[dict]) -> int:
+    """Tables, figures, report.html and the terminal summary; every run is stored by now, so
+    a report that cannot be written (a full disk, Ctrl-C) costs only the report."""
+    rebuild = f"every run is stored; python -m analysis.report {campaign.out} writes the report"
+    try:
+        report = build_report(campaign.out)
+        print_summary(campaign.out, make_console(sys.stdout))
+    except KeyboardInterrupt:
+        say(f"[yellow]interrupted while writing the report: {rebuild}[/yellow]")
+        return EXIT_INTERRUPTED
+    except OSError as error:
+        cause = f"{error.strerror}: {error.filename}" if error.strerror and error.filename else error
+        return fail(f"report not written: {cause}; {rebuild}", EXIT_NOT_WRITTEN)
+    except StoreError as error:
+        return fail(f"report not written: {error}; {rebuild}", EXIT_NOT_WRITTEN)
+    say(f"report: {report}")
     failed = [r for r in records
               if r["status"] != "ok" and not r.get("extra", {}).get("unavailable")]
     return 1 if failed else 0

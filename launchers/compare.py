@@ -13,8 +13,10 @@ before anything is built.
 The first call builds the launcher's own environment and each framework's environment
 (pinned, cached); later calls reuse them. Every run is appended to the campaign's store as it
 finishes, so the same command with the same --out resumes where it stopped. Exit codes: 0 all
-runs ok, 1 some run failed or timed out (recorded; the campaign went on), 2 bad input,
-130 interrupted (what was measured is kept).
+runs ok, 1 some run failed or timed out (recorded; the campaign went on), 2 bad input or --out
+in use by another campaign, 3 a result or the report could not be written (a full disk, a
+damaged store: what was measured is kept in its run folder and stored by the next run),
+130 interrupted (Ctrl-C, SIGTERM, SIGHUP; what was measured is kept).
 """
 
 from __future__ import annotations
@@ -105,7 +107,14 @@ def build_parser(prog: str = "python -m launchers.compare") -> argparse.Argument
                              "and worker count without a stored calibration (python -m "
                              "launchers.calibrate), so every prediction is calibrated; after the "
                              "runs, calibrate those again and predict with both pooled")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan only")
+    parser.add_argument("--wait", action="store_true",
+                        help="when another campaign holds --out, wait for it to end instead of "
+                             "refusing to start")
+    parser.add_argument("--repair", action="store_true",
+                        help="when --out's results.sqlite is damaged, salvage its readable runs "
+                             "into a new store first (the damaged file is kept beside it)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan only (reads --out, writes nothing)")
     parser.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)  # tests only
     return parser
 

@@ -21,6 +21,10 @@ user; otherwise the container runs as the caller's uid:gid so files it writes ar
 Killing `<engine> run` (the local transport's SIGKILL of the process group on a timeout or a
 failure) does not stop the container, whose processes belong to the engine's monitor, so every
 container is named and `remove` force-removes the run's containers once the run has ended.
+When the launcher itself is killed (SIGKILL, the OOM killer) nothing of it is left to do that:
+every container also carries the launcher's pid as a label, and a reaper started with the
+first run (launchers.local.start_reaper) force-removes the containers of that label once the
+launcher is gone.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ from pathlib import Path
 from adapters.base import RunConfig
 from launchers.engine import Engine
 from launchers.images import BuiltImage
+from launchers.local import start_reaper, stop_reaper, wait_for_owner
 from launchers.rendezvous import ProcessSpec
 
 # Variables that describe the host side and must not reach the container.
 HOST_ONLY = {"PYTHONPATH", "PATH", "HOME", "VIRTUAL_ENV", "DLCOMPARE_HOST_ENV", "PWD",
              "OLDPWD", "SHLVL", "_"}
 CONTAINER_LABEL = "org.dlcompare.run"
+OWNER_LABEL = "org.dlcompare.owner"  # the pid of the launcher that started the container
 # Variables a rank's runtime reads: passed even when the launcher's own environment happens to
 # hold the same value (a user's exported OMP_NUM_THREADS, say), since the image's does not.
 RANK_PREFIXES = ("DLC_", "OMP_", "MKL_", "OPENBLAS_", "TF_CONFIG", "TF_NUM_", "TF_CPP_", "TF_USE_",
@@ -70,6 +76,7 @@ class ContainerRuntime:
         inner = [self.image.spec.python if item == self.host_python else item for item in argv]
         command = [*self.engine_launcher(), "run", "--rm", *self.engine.pull_flag(), "--name", name,
                    "--label", f"{CONTAINER_LABEL}={self.config.run_id}",
+                   "--label", f"{OWNER_LABEL}={os.getpid()}",
                    "--network", "host", "--ipc", "host", *self.user_args(),
                    *self.mount_args(), *self.device_args(),
                    *(arg for key in sorted(passed) for arg in ("-e", key)),
@@ -154,9 +161,51 @@ class ContainerImages:
 
     engine: Engine
     images: dict[str, BuiltImage] = field(default_factory=dict)
+    reaper: subprocess.Popen | None = None
 
     def runtime_for(self, config: RunConfig, env: str, host_python: str) -> ContainerRuntime:
         """The runtime of one run, its folder already writable by the image's user."""
+        if self.reaper is None:
+            self.reaper = start_reaper("launchers.container_runtime", str(os.getpid()),
+                                       self.engine.name, self.engine.path, env=self.engine.env)
         runtime = ContainerRuntime(self.engine, self.images[env], config, host_python)
         runtime.prepare()
         return runtime
+
+    def close(self) -> None:
+        """Every run removed its containers: the reaper has nothing left to do."""
+        stop_reaper(self.reaper)
+        self.reaper = None
+
+
+def owned_containers(engine: Engine, owner: int) -> list[str]:
+    """The containers (any state) started by the launcher with pid `owner`."""
+    result = subprocess.run(
+        engine.command("ps", "--all", "--filter", f"label={OWNER_LABEL}={owner}", "--format",
+                       "{{.Names}}"), env=engine.process_env(), capture_output=True, text=True,
+        timeout=120)
+    return result.stdout.split()
+
+
+def reap(owner: int, engine: Engine) -> int:
+    """The reaper: once the launcher `owner` is gone (or has removed its containers itself),
+    force-remove the containers it left."""
+    wait_for_owner(owner, done=lambda: not owned_containers(engine, owner))
+    left = owned_containers(engine, owner)
+    if left:
+        subprocess.run(engine.command("rm", "--force", *left), env=engine.process_env(),
+                       capture_output=True, timeout=300)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """`python -m launchers.container_runtime reap OWNER ENGINE_NAME ENGINE_PATH`."""
+    if len(argv) == 4 and argv[0] == "reap" and argv[1].isdigit():
+        return reap(int(argv[1]), Engine(argv[2], argv[3]))
+    print("usage: python -m launchers.container_runtime reap OWNER ENGINE_NAME ENGINE_PATH",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -58,14 +59,34 @@ class UsageError(ValueError):
     """Bad input; main() prints it as one line and exits with code 2."""
 
 
+def list_items(text: str, what: str) -> list[str]:
+    """The items of a comma list, stripped; an empty one ('1,,2', '1,', ',') is bad input, not
+    something to skip: it is usually a typo for a number that was meant."""
+    items = [part.strip() for part in str(text).split(",")]
+    if not any(items):
+        raise UsageError(f"{what} is empty")
+    if not all(items):
+        raise UsageError(f"{what} has an empty item in {text!r}")
+    return items
+
+
 def positive_ints(text: str, what: str) -> list[int]:
+    items = list_items(text, what)
     try:
-        values = [int(part) for part in str(text).split(",") if part.strip()]
+        values = [int(item) for item in items]
     except ValueError:
         raise UsageError(f"{what} must be whole numbers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
+    if any(v < 1 for v in values):
         raise UsageError(f"{what} must be at least 1, got {text!r}")
     return sorted(set(values))
+
+
+def positive_seconds(value: float, what: str) -> float:
+    """A duration flag: a finite number above 0 (NaN compares false with everything and an
+    infinite timeout is no timeout: either would let a hung rank hang the campaign forever)."""
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{what} must be a positive, finite number of seconds, got {value}")
+    return value
 
 
 def gpu_count() -> int:
@@ -105,9 +126,9 @@ def default_batch(model: str, device: str) -> int:
 def parse_batch_sizes(text: str | None, models: list[str]) -> list[int] | dict[str, list[int]] | None:
     """--batch-size: a comma list for every model ('32,64'), or per model
     ('alexnet=1024,googlenet=128'; a model not named keeps its default); None when not given."""
-    if not text:
+    if text is None:
         return None
-    entries = [part.strip() for part in str(text).split(",") if part.strip()]
+    entries = list_items(text, "--batch-size")
     if not any("=" in entry for entry in entries):
         return positive_ints(text, "--batch-size")
     per_model: dict[str, list[int]] = {}
@@ -151,9 +172,7 @@ def parse_dtype(text: str | None) -> str:
 
 
 def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
-    entries = [part for part in text.split(",") if part.strip()]
-    if not entries:
-        raise UsageError("--frameworks is empty")
+    entries = list_items(text, "--frameworks")
     try:
         return list(dict.fromkeys(parse_framework_mode(part) for part in entries))
     except UnknownFramework as error:
@@ -161,12 +180,10 @@ def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
 
 
 def parse_models(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
+    names = list_items(text, "--model")
     for name in names:
         if name not in MODEL_NAMES:
             raise UsageError(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})")
-    if not names:
-        raise UsageError("--model is empty")
     return names
 
 
@@ -291,14 +308,14 @@ def parse_links(text: str | None, what: str, parse) -> list[str | None]:
     unit parser); None when not given."""
     if text is None:
         return [None]
-    items = list(dict.fromkeys(part.strip() for part in str(text).split(",") if part.strip()))
-    if not items:
-        raise UsageError(f"{what} is empty")
+    items = list(dict.fromkeys(list_items(text, what)))
     for item in items:
         try:
-            parse(item)
+            value = parse(item)
         except ValueError as error:
             raise UsageError(f"{what}: {error}") from None
+        if not math.isfinite(value):
+            raise UsageError(f"{what}: {item!r} is not a finite value")
     return items
 
 

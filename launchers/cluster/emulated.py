@@ -41,6 +41,7 @@ from pathlib import Path
 from analysis.units import parse_bandwidth, parse_latency
 from core.cli import OneLineParser
 from launchers.cluster import ClusterError
+from launchers.local import start_reaper, stop_reaper, wait_for_owner
 from launchers.rendezvous import Host
 
 PREFIX = "dlc"
@@ -310,13 +311,9 @@ class EmulatedCluster:
             path.chmod(0o755)
 
     def _start_reaper(self) -> None:
-        """A process in its own session that removes this cluster once this process is gone,
-        however it ends (SIGKILL included): it blocks reading a pipe only we hold open."""
-        self.reaper = subprocess.Popen(
-            [sys.executable, "-m", "launchers.cluster.emulated", "reap", str(self.owner)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, cwd=Path(__file__).resolve().parents[2],
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        """A process that removes this cluster once this process is gone, however it ends
+        (launchers.local.start_reaper)."""
+        self.reaper = start_reaper("launchers.cluster.emulated", str(self.owner))
 
     def close(self) -> None:
         """Kill every process inside the nodes, remove namespaces, links and helpers."""
@@ -324,13 +321,8 @@ class EmulatedCluster:
             return
         remove(leftovers(self.owner))
         self.created = False
-        if self.reaper is not None:
-            self.reaper.stdin.close()  # nothing left to reap; the reaper exits
-            try:
-                self.reaper.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.reaper.kill()
-            self.reaper = None
+        stop_reaper(self.reaper)  # nothing left to reap
+        self.reaper = None
 
     def __enter__(self):
         return self
@@ -458,16 +450,9 @@ def free_subnet() -> str:
 
 
 def reap(owner: int) -> int:
-    """The reaper: wait until the owner's pipe closes, then until the owner is gone, then
-    remove whatever of its cluster is left."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.stdin.buffer.read()
-    deadline = time.monotonic() + 30
-    while owner_alive(owner) and time.monotonic() < deadline:
-        if not any(leftovers(owner).values()):
-            return 0  # closed normally
-        time.sleep(0.2)
+    """The reaper: once the owner is gone (or has closed its cluster), remove whatever of its
+    cluster is left."""
+    wait_for_owner(owner, done=lambda: not any(leftovers(owner).values()))
     remove(leftovers(owner))
     return 0
 

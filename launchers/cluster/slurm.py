@@ -15,6 +15,10 @@ is gone, cancels it (`scancel`) on timeout or Ctrl-C, and reads both files.
 
 Like the ssh transport this needs the repository, ~/.cache/dlcompare and the campaign folder
 at the same path on every node (a shared file system), as Slurm clusters have.
+
+A job outlives the campaign that submitted it unless told otherwise: the campaign rewrites
+`runs/<id>/heartbeat` at every poll, and the inside part ends the run (and so the job) when
+it has not changed for `HEARTBEAT_LOST_S` (the campaign was killed, or its machine lost).
 """
 
 from __future__ import annotations
@@ -39,6 +43,50 @@ from launchers.rendezvous import Host
 
 POLL_SECONDS = 2.0
 START_GRACE_S = 600  # waiting in the queue does not count against the run's timeout
+HEARTBEAT_LOST_S = 120.0  # a shared file system may show a change this late (NFS caching)
+HEARTBEAT_CHECK_S = 5.0
+
+
+class LauncherGone(RuntimeError):
+    """The campaign's heartbeat stopped: nobody will collect or cancel this run."""
+
+
+class Heartbeat:
+    """The campaign's sign of life for a job, through the shared file system: a counter the
+    campaign rewrites (`beat`) and the job reads (`check`). Only whether it changes counts,
+    never a timestamp, so the clocks of the nodes need not agree."""
+
+    def __init__(self, path: Path, lost_after: float = HEARTBEAT_LOST_S,
+                 check_every: float = HEARTBEAT_CHECK_S):
+        self.path = path
+        self.lost_after = lost_after
+        self.check_every = check_every
+        self.count = 0
+        self.seen: str | None = None
+        self.changed_at = self.checked_at = time.monotonic()
+
+    def beat(self) -> None:
+        self.count += 1
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(str(self.count))
+        os.replace(tmp, self.path)
+
+    def check(self, _progress=None) -> None:
+        """Raise LauncherGone when the counter has not changed for `lost_after` seconds (an
+        `on_progress` callback of run_local: called at each of its polls)."""
+        now = time.monotonic()
+        if now - self.checked_at < self.check_every:
+            return
+        self.checked_at = now
+        try:
+            value = self.path.read_text()
+        except OSError:
+            value = None
+        if value != self.seen:
+            self.seen, self.changed_at = value, now
+        elif now - self.changed_at > self.lost_after:
+            raise LauncherGone(f"the campaign's heartbeat ({self.path}) stopped "
+                               f"{now - self.changed_at:.0f} s ago: run abandoned")
 
 
 class SlurmCluster(LocalCluster):
@@ -117,8 +165,10 @@ class SlurmCluster(LocalCluster):
         job = submitted.stdout.strip().split(";")[0]
         started = time.monotonic()
         running_since = None
+        heartbeat = Heartbeat(run_dir / "heartbeat")
         try:
             while True:
+                heartbeat.beat()
                 state = job_state(job)
                 if state is None:
                     break
@@ -202,9 +252,13 @@ def inside(run_json: str, kind: str, python: str, timeout: float) -> int:
     config = RunConfig.from_json(run_json)
     run_dir = Path(run_json).parent
     hosts = allocation_hosts()
-    outcome = run_local(config, python, run_dir, kind, Path.cwd(), timeout, hosts=hosts,
-                        wrappers=[srun_wrapper],
-                        extra_env={k: v for k, v in os.environ.items() if k.startswith("DLC_BACKEND")})
+    try:
+        outcome = run_local(config, python, run_dir, kind, Path.cwd(), timeout, hosts=hosts,
+                            wrappers=[srun_wrapper], on_progress=Heartbeat(run_dir / "heartbeat").check,
+                            extra_env={k: v for k, v in os.environ.items() if k.startswith("DLC_BACKEND")})
+    except LauncherGone as gone:
+        print(gone, file=sys.stderr)
+        return 1
     (run_dir / "outcome.json").write_text(json.dumps({"status": outcome.status, "error": outcome.error,
                                                       "hosts": [h.name for h in hosts]}))
     return 0

@@ -14,17 +14,27 @@ other nodes reach it by (default: the name, resolved here). ssh must work withou
 framework environments (~/.cache/dlcompare) and the campaign folder must be at the same path
 on every node, as a cluster's shared file system gives: rank 0 writes the record there.
 
-Each process of a run is started as `ssh NODE 'cd REPO && echo $$ > PIDFILE && exec env
-VARS... ARGV'`: the environment the run sets travels on the command line (ssh passes none),
-and sshd starts the command as the leader of a new session, so when the run ends (success,
-failure, timeout, Ctrl-C) `finish` kills that whole process group on the node by the pid
-the command wrote, because killing the local ssh client alone would leave the remote ranks
-running.
+Node names and addresses must be host names (letters, digits, '-', '_', dots; no leading
+'-') or IP addresses, users and interfaces plain names: a hostfile is read before anything
+runs (the dry run too), and a name that ssh could take for an option is bad input. The
+destination is passed after `--` all the same.
+
+Each process of a run is started as `ssh -- NODE 'cd REPO && echo $$ > PIDFILE; WATCH &
+exec env VARS... ARGV'`: the environment the run sets travels on the command line (ssh passes
+none), and sshd starts the command as the leader of a new session, so when the run ends
+(success, failure, timeout, Ctrl-C) `finish` kills that whole process group on the node by
+the pid the command wrote, because killing the local ssh client alone would leave the remote
+ranks running. When the launcher cannot do that (it was killed, the connection was lost),
+WATCH does it: it reads the session's stdin, which ssh carries from the launcher's lifeline
+pipe (launchers/local.py), and kills the session's process group at its end-of-file, which
+comes when the launcher or its ssh client is gone or the connection breaks.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -36,6 +46,25 @@ from launchers.cluster import ClusterError
 from launchers.rendezvous import Host
 
 OPTIONS = ("slots", "interface", "address", "user", "port", "identity", "config")
+# RFC 1123 host names (underscores allowed: ssh_config aliases use them), IPs separately
+HOST_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
+INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")  # IFNAMSIZ: 15 characters
+# In the remote command: kill the session's process group ($$ leads it) when the session's
+# stdin ends (the launcher or its ssh client gone, the connection lost). Its own output goes
+# nowhere, or sshd would wait for it before closing the session. `kill -9 -PGID`: dash's kill
+# takes no `--`.
+REMOTE_WATCH = "exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -9 -$$) >/dev/null 2>&1 &"
+
+
+def valid_host(name: str) -> bool:
+    """A host name or an IP address (what may follow `ssh --` and go into a hosts list)."""
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return 0 < len(name) <= 253 and all(HOST_LABEL.match(label) for label in name.split("."))
 # Variables of this machine that make no sense on another one.
 LOCAL_ONLY = ("PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "SSH_AUTH_SOCK", "SSH_CLIENT",
               "SSH_CONNECTION", "SSH_TTY", "TERM", "DISPLAY", "XDG_RUNTIME_DIR", "MAIL", "LS_COLORS")
@@ -52,16 +81,21 @@ class Node:
     identity: str = ""
     config: str = ""  # an ssh_config file for this node (ssh -F)
 
-    def ssh(self) -> list[str]:
-        """The ssh command that reaches this node, without the remote command."""
-        command = ["ssh"] + (["-F", os.path.expanduser(self.config)] if self.config else [])
-        command += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+    def ssh_options(self) -> list[str]:
+        """ssh's options for this node (config file, identity, port, no prompts)."""
+        options = ["-F", os.path.expanduser(self.config)] if self.config else []
+        options += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
                     "-o", "ConnectTimeout=20"]
         if self.port:
-            command += ["-p", str(self.port)]
+            options += ["-p", str(self.port)]
         if self.identity:
-            command += ["-i", os.path.expanduser(self.identity)]
-        return command + [f"{self.user}@{self.name}" if self.user else self.name]
+            options += ["-i", os.path.expanduser(self.identity)]
+        return options
+
+    def ssh(self) -> list[str]:
+        """The ssh command that reaches this node, without the remote command; the
+        destination after `--`, so that it can never be read as an option."""
+        return ["ssh", *self.ssh_options(), "--", f"{self.user}@{self.name}" if self.user else self.name]
 
 
 def read_hostfile(path: str) -> list[Node]:
@@ -85,16 +119,29 @@ def read_hostfile(path: str) -> list[Node]:
             values[key] = value
         for key in ("slots", "port"):
             if key in values:
-                if not values[key].isdigit() or int(values[key]) < 1:
+                if not values[key].isdigit() or not 1 <= int(values[key]) <= (65535 if key == "port" else 10**6):
                     raise ClusterError(f"hostfile {path} line {number}: {key} must be a positive "
                                        f"whole number, got {values[key]!r}")
                 values[key] = int(values[key])
+        check_names(path, number, name, values)
         if any(node.name == name for node in nodes):
             raise ClusterError(f"hostfile {path} line {number}: node {name} listed twice")
         nodes.append(Node(name, **values))
     if not nodes:
         raise ClusterError(f"hostfile {path} lists no node")
     return nodes
+
+
+def check_names(path: str, number: int, name: str, values: dict) -> None:
+    """The node's name, address, user and interface as ssh, the ranks and a shell will see
+    them: a ClusterError naming file and line otherwise."""
+    checks = [("node name", name, valid_host), ("address", values.get("address"), valid_host),
+              ("user", values.get("user"), USER_NAME.match),
+              ("interface", values.get("interface"), INTERFACE_NAME.match)]
+    for what, value, valid in checks:
+        if value is not None and not valid(value):
+            raise ClusterError(f"hostfile {path} line {number}: {what} {value!r} is not a valid "
+                               f"{'host name or address' if valid is valid_host else what}")
 
 
 class SshCluster:
@@ -137,9 +184,10 @@ class SshCluster:
             sent.setdefault("PYTHONPATH", env.get("PYTHONPATH", ""))
             unset = " ".join(f"-u {name}" for name in ("GLOO_SOCKET_IFNAME",) if name not in env)
             argv = forward_to_mpi_ranks(argv, sent, node)
-            remote = (f"cd {shlex.quote(str(REPO_ROOT))} && echo $$ > {shlex.quote(str(pidfile))} && "
+            remote = (f"cd {shlex.quote(str(REPO_ROOT))} && echo $$ > {shlex.quote(str(pidfile))} "
+                      f"|| exit 1; {REMOTE_WATCH} "
                       f"exec env {unset} {' '.join(f'{k}={shlex.quote(v)}' for k, v in sorted(sent.items()))} "
-                      f"{shlex.join(argv)}")
+                      f"{shlex.join(argv)} 0</dev/null 3<&-")
             return [*node.ssh(), remote], env
 
         return [wrap]
@@ -154,7 +202,7 @@ class SshCluster:
                 pid = int(pidfile.read_text().strip())
             except (OSError, ValueError):
                 continue
-            subprocess.run([*node.ssh(), f"kill -KILL -- -{pid} 2>/dev/null; true"],
+            subprocess.run([*node.ssh(), f"kill -9 -{pid} 2>/dev/null; true"],
                            capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
 
     def traffic(self) -> list[int]:
@@ -184,8 +232,7 @@ def forward_to_mpi_ranks(argv: list[str], sent: dict[str, str], node: Node) -> l
         return argv
     forwarded = [item for name in sorted(sent) if not name.startswith("OMPI_")
                  for item in ("-x", name)]
-    ssh_args = node.ssh()[1:-1]  # the options, without "ssh" and the destination
-    return [argv[0], *forwarded, "--mca", "plm_rsh_args", " ".join(ssh_args), *argv[1:]]
+    return [argv[0], *forwarded, "--mca", "plm_rsh_args", " ".join(node.ssh_options()), *argv[1:]]
 
 
 def _resolve(name: str) -> str:
