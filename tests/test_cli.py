@@ -55,6 +55,16 @@ def test_every_subcommand_is_its_module():
     assert "COMMAND" in one_error_line(run_cli("launchers.cli"))
 
 
+def test_earlier_module_names_still_run_their_commands():
+    """README's commands of earlier releases keep working: the equivalence check and the
+    environment builder under the module names they had before they moved down or up a layer."""
+    checked = run_cli("adapters.check", "--frameworks", "nosuch", "--model", "alexnet-tiny")
+    assert checked.returncode == 2 and checked.stderr.startswith("dlcompare: error: unknown framework 'nosuch'")
+    assert run_cli("adapters.check", "--help").stdout.startswith("usage: python -m launchers.check")
+    built = run_cli("launchers.envs", "--help")
+    assert built.returncode == 0 and "install" in built.stdout
+
+
 def test_campaign_file_keys_are_flags_and_lists_are_sweeps():
     parser = compare.build_parser()
     document = {"frameworks": ["torch", "tf:ps"], "workers": [1, 2], "batch_size": 16, "batch-size": 8,
