@@ -340,6 +340,15 @@ def scale_to_fused(laps: dict[str, float], fused: float) -> dict[str, float]:
     return laps
 
 
+def fused_step_laps(laps: dict[str, float], update: float) -> dict[str, float]:
+    """The overlapped profile kind of a compiled framework, whose step (forward, backward, its
+    communication, update) is one function: `backward_comm` is that function's lap less the
+    forward-only lap and `update`, the separated kind's latest update, which stands in for it."""
+    laps["backward_comm"] = max(0.0, laps["backward_comm"] - laps["forward"] - update)
+    laps["update"] = update
+    return laps
+
+
 def cpu_name() -> str:
     """The CPU model from /proc/cpuinfo (Linux), else the platform's processor string."""
     try:

@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from adapters.base import (DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer,  # noqa: E402
-                           scale_to_fused)
+                           fused_step_laps, scale_to_fused)
 from adapters.data import Cycle, SyntheticBatches, decode_jpeg, list_jpeg_dataset  # noqa: E402
 from models import layers as L  # noqa: E402
 from models.spec import pool_output_size  # noqa: E402
@@ -507,11 +507,7 @@ class JaxTrainer(Trainer):
             self.params, self.momenta, self.state, self._loss, self.key = jax.block_until_ready(
                 self._step(self.params, self.momenta, self.state, images, labels, self.key))
             timer.lap("backward_comm")
-            update = self._update_seconds or 0.0
-            timer.laps["backward_comm"] = max(0.0, timer.laps["backward_comm"]
-                                              - timer.laps["forward"] - update)
-            timer.laps["update"] = update
-            return timer.laps
+            return fused_step_laps(timer.laps, self._update_seconds or 0.0)
         loss, grads = jax.block_until_ready(
             self._local_grads(self.params, self.state, images, labels, self.key))
         timer.lap("backward")

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, scale_to_fused
+from adapters.base import (DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, fused_step_laps,
+                           scale_to_fused)
 from adapters.data import Cycle
 from adapters.tensorflow.base import (TensorFlowTrainer, choose_layout, configure_threads,
                                       local_gpus, tf_versions)
@@ -285,11 +286,7 @@ class StrategyTrainer(TensorFlowTrainer):
             timer.lap("forward")
             self._loss = self._train_step(images, labels)
             timer.lap("backward_comm")
-            update = self._update_seconds or 0.0
-            timer.laps["backward_comm"] = max(0.0, timer.laps["backward_comm"]
-                                              - timer.laps["forward"] - update)
-            timer.laps["update"] = update
-            return timer.laps
+            return fused_step_laps(timer.laps, self._update_seconds or 0.0)
         self._forward_probe(images, labels)
         timer.lap("forward")
         loss, grads = self._local_grads(images, labels)
