@@ -26,7 +26,7 @@ from models import MODEL_NAMES, get_model
 # Per-worker batch when --batch-size is not given. GPU values are the study's per-GPU batches;
 # CPU values keep one full-model iteration near a second on a small machine.
 DEFAULT_BATCH = {
-    "gpu": {"alexnet": 1024, "googlenet": 64, "resnet50": 32},
+    "gpu": {"alexnet": 1024, "googlenet": 128, "resnet50": 32},
     "cpu": {"alexnet": 16, "googlenet": 8, "resnet50": 4},
 }
 DEFAULT_TINY_BATCH = 16
