@@ -26,10 +26,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.cli import OneLineParser, fail
+from core.cli import EXIT_FAILED, EXIT_OK, OneLineParser, fail
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST_ENV = "host"
@@ -148,11 +151,12 @@ def ensure_apt_packages(packages: list[str], log) -> None:
     if log:
         log(f"installing system packages: {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in (["apt-get", "update", "-qq"], command):
-        result = subprocess.run(step, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
-            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise EnvBuildError(f"could not install {' '.join(missing)}: {tail[0]}")
+    with file_lock(dlcompare_home() / "apt.lock"):  # dpkg takes one apt-get at a time
+        for step in (["apt-get", "update", "-qq"], command):
+            result = subprocess.run(step, capture_output=True, text=True, env=env)
+            if result.returncode != 0:
+                tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise EnvBuildError(f"could not install {' '.join(missing)}: {tail[0]}")
 
 
 def base_interpreter(requirements: str) -> str:
@@ -193,6 +197,15 @@ def environment_for(name: str) -> Environment:
     return Environment(name, dlcompare_home() / "envs" / f"{name}-{digest}")
 
 
+@contextmanager
+def file_lock(path: Path):
+    """An exclusive advisory lock on `path`, held for the block (released if the process dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_environment(name: str, log=None) -> Environment:
     """Return the ready environment `name`, building it first if needed.
 
@@ -202,9 +215,7 @@ def ensure_environment(name: str, log=None) -> Environment:
     env = environment_for(name)
     if env.ready:
         return env
-    env.path.parent.mkdir(parents=True, exist_ok=True)
-    with open(env.path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(env.path.with_suffix(".lock")):
         if env.ready:
             return env
         ensure_apt_packages(apt_packages(requirements_text(name)), log)
@@ -299,14 +310,51 @@ def reexec_in_host_env(module: str, argv: list[str]) -> None:
     os.execv(str(env.python), [str(env.python), "-m", module, *argv])
 
 
+def environment_names() -> list[str]:
+    """Every environment with a requirement file in envs/ (its extra files not counted)."""
+    return sorted(path.stem for path in requirements_dir().glob("*.txt") if "." not in path.stem)
+
+
+def build_side_by_side(names: list[str], log=print) -> list[str]:
+    """Build the environments `names` at once (each under its own lock, so a later
+    `ensure_environment` reuses them), logging each one's outcome; returns the errors.
+
+    Most of a build waits on downloads and disk, a compile step on one core, so side by side
+    they take about as long as the longest rather than the sum. An environment this machine
+    cannot have (`EnvUnavailable`: an interpreter it lacks) is logged, not an error."""
+    def build(name: str) -> str | None:
+        started = time.monotonic()
+        try:
+            env = ensure_environment(name)
+        except EnvUnavailable as error:
+            log(f"{name}: unavailable here: {error}")
+            return None
+        except EnvBuildError as error:
+            return f"{name}: {error}"
+        log(f"{name}: ready in {time.monotonic() - started:.0f} s ({env.path})")
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        return [error for error in pool.map(build, names) if error]
+
+
 def main(argv: list[str]) -> int:
-    """`python -m core.envs install --venv DIR NAME [NAME ...]` (used by docker/*)."""
+    """`python -m core.envs build [NAME ...]`: the cached environments (every one by default);
+    `python -m core.envs install --venv DIR NAME [NAME ...]`: into one venv (docker/*)."""
     parser = OneLineParser(prog="python -m core.envs")
-    parser.add_argument("action", choices=["install"])
-    parser.add_argument("--venv", required=True, type=Path)
-    parser.add_argument("names", nargs="+")
+    parser.add_argument("action", choices=["build", "install"])
+    parser.add_argument("--venv", type=Path, help="install: the virtualenv to fill")
+    parser.add_argument("names", nargs="*", help="environments (envs/NAME.txt); build: all by default")
     args = parser.parse_args(argv)
     try:
+        if args.action == "build":
+            unknown = sorted(set(args.names) - set(environment_names()))
+            if unknown:
+                parser.error(f"no environment {', '.join(unknown)} (known: {', '.join(environment_names())})")
+            errors = build_side_by_side(args.names or environment_names(), log=lambda m: print(m, flush=True))
+            return fail("; ".join(errors), EXIT_FAILED) if errors else EXIT_OK
+        if args.venv is None or not args.names:
+            parser.error("install needs --venv DIR and at least one environment")
         install_into(args.venv, args.names, log=lambda m: print(m, flush=True))
     except EnvBuildError as error:
         return fail(error)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 
 from adapters.registry import FRAMEWORKS
-from tests.conftest import run_cli
+from tests.conftest import run_cli, worker_processes
 
+MODEL = "googlenet-tiny"
 ALL = ("torch", "tf", "mxnet", "cntk", "cntk-style", "caffe-mpi-style", "horovod", "jax")
 FAST = ["--iterations", "2", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1",
         "--batch-size", "4"]
@@ -27,7 +28,7 @@ def test_the_campaign_below_names_every_registered_framework():
 def test_every_framework_in_one_campaign_gives_one_report(tmp_path):
     out = tmp_path / "all"
     result = run_cli("launchers.compare", "--frameworks", ",".join(ALL), "--model",
-                     "googlenet-tiny", "--workers", "1,2", "--out", str(out), *FAST,
+                     MODEL, "--workers", "1,2", "--out", str(out), *FAST,
                      env={"COLUMNS": "200"}, timeout=2400)
     output = " ".join((result.stdout + result.stderr).split())  # rich wraps long lines
     assert result.returncode == 0, output[-4000:]
@@ -48,9 +49,15 @@ def test_every_framework_in_one_campaign_gives_one_report(tmp_path):
               f"{(record['iter_time_median'] or 0) * 1e3:8.1f} ms  overlap "
               f"{record.get('overlap')}")
     assert unavailable <= {"cntk"}, f"only real CNTK may be missing here, not {unavailable}"
+    assert all(record["synchronous"] == 1 for record in records)  # every default mode is
+    assert {n: by_run[("mxnet", n)]["servers"] for n in (1, 2)} == {1: 1, 2: 1}  # ps-lite's server
+    assert {by_run[(name, 2)]["servers"] for name in ALL if name not in ("mxnet", *unavailable)} == {0}
+    assert worker_processes(str(out)) == []
     report = (out / "report.html").read_text()
     labels = {FRAMEWORKS[name].label for name in ALL}
     assert all(label in report for label in labels), labels - {l for l in labels if l in report}
-    for name in ("study_single", "study_scaling_googlenet-tiny"):
+    ran = {FRAMEWORKS[name].label for name in ALL if name not in unavailable}
+    assert all(label in output for label in ran), ran - {l for l in ran if l in output}  # the summary
+    for name in ("study_single", f"study_scaling_{MODEL}"):
         table = (out / "tables" / f"{name}.md").read_text()
         assert all(FRAMEWORKS[f].label in table for f in ALL if f not in unavailable), table

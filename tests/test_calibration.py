@@ -287,7 +287,7 @@ def test_fit_contention_limits():
 
 
 def test_store_reads_calibrations_stored_before_contention_as_none(tmp_path):
-    """A store written before calibrations had a contention column (session 4) gets it added
+    """A store written before calibrations had a contention column gets that column added
     empty; those fits read as kappa 0, what their predictions assumed."""
     rng = random.Random(0)
     points = synthetic_points(pm.LinkCost(alpha=25e-6, beta=0.4e-9), 2, rng, outliers=0.0)

@@ -65,6 +65,14 @@ def test_earlier_module_names_still_run_their_commands():
     assert built.returncode == 0 and "install" in built.stdout
 
 
+def test_environments_are_built_ahead_by_name_and_a_wrong_name_is_one_line():
+    """`python -m core.envs build` (what .ci/run does first): a ready environment is reused."""
+    built = run_cli("core.envs", "build", "host")
+    assert built.returncode == 0 and built.stdout.startswith("host: ready in "), built.stderr
+    wrong = run_cli("core.envs", "build", "host", "nosuch")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("dlcompare: error: no environment nosuch (known: ")
+
+
 def test_campaign_file_keys_are_flags_and_lists_are_sweeps():
     parser = compare.build_parser()
     document = {"frameworks": ["torch", "tf:ps"], "workers": [1, 2], "batch_size": 16, "batch-size": 8,

@@ -4,8 +4,9 @@ every rank runs inside its image with the image's digest in the record, the wrap
 inside a network namespace the way the emulated cluster uses it, and the Dockerfiles linted.
 
 The images are cached by the digest of their inputs (launchers/images.py): on a clean machine
-the first test builds the base and the PyTorch image from scratch (minutes), later runs reuse
-them. Each build's time is printed (pytest -s, or the CI log's captured output).
+the first test builds the base and the PyTorch image from scratch (minutes) unless they were
+built before the tests (`.ci/run` builds them beside the environments); later runs reuse them.
+Each build's time is printed (pytest -s, or the CI log's captured output).
 """
 
 from __future__ import annotations

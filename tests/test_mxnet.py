@@ -326,22 +326,6 @@ def test_files_run_through_dist_sync_records_the_input_path(tmp_path, mxnet_pyth
 
 # ----------------------------------------------------------------------------- campaigns
 
-@pytest.mark.slow
-def test_compare_torch_and_mxnet_side_by_side(tmp_path, torch_python, mxnet_python):
-    out = tmp_path / "side"
-    result = run_cli("launchers.compare", "--frameworks", "torch,mxnet", "--model",
-                     "resnet50-tiny", "--workers", "1,2", "--out", str(out), *FAST)
-    assert result.returncode == 0, result.stderr[-4000:]
-    with sqlite3.connect(out / "results.sqlite") as db:
-        rows = db.execute("SELECT framework, mode, world_size, servers, status FROM runs "
-                          "ORDER BY framework, world_size").fetchall()
-    assert rows == [("mxnet", "dist_sync", 1, 1, "ok"), ("mxnet", "dist_sync", 2, 1, "ok"),
-                    ("torch", "ddp", 1, 0, "ok"), ("torch", "ddp", 2, 0, "ok")]
-    report = (out / "report.html").read_text()
-    assert "MXNet" in report and "PyTorch DDP" in report
-    assert worker_processes(str(out)) == []
-
-
 def role_processes(marker: str, role: str) -> list:
     found = []
     for process in worker_processes(marker):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -351,22 +350,15 @@ def test_parse_latency(text, value):
 
 # --------------------------------------------------------------------------- the real thing
 
-# Measured on this machine kind (median |error| over the three tiny models, 2 ranks, 3-6
-# campaigns): DDP 2.5-12.5%, CNTK-style 3-12%, Caffe-MPI-style 7-14%, Horovod over MPI 2-10%,
-# Horovod over gloo 2-11% (with the calibrated contention and Horovod's cycles; 18-22% without),
-# real CNTK 1-11%, TF collective 2-10% (profile scaled to its fused local graph; 10-18%
-# before). A calibration that falls in a slow stretch of this shared VM moved a whole scheme
-# to 16-21% (TF collective's fitted a 6.4 ms against 3.2-5.0 in others; MXNet's 740 us
-# against 445-561): compare --calibrate therefore calibrates again after the runs and fits
-# both calibrations' timings pooled.
-# MXNet dist_sync 3.1-12.7% in eight campaigns since its contention probe marks backward's
-# end apart from the kvstore's pull into the gradient (before: 18-25% in 3 of 18, the probe
-# reading the exchange's end as backward's and the model hiding 25-45% of googlenet-tiny's
-# exchange), its runs' own iteration moving by 30% between campaigns.
-# TF ps 8-20% in five campaigns (session 10) since it is calibrated through its own
-# SyncReplicasOptimizer step (a small variable's exchange 0.39-0.48 ms there, 0.29-0.43 ms in
-# the runs); 3-11% before, when it was predicted from its own measured pull + push.
-# Session 10's three all-scheme campaigns, per scheme: README.md.
+# Measured on this machine kind (2-core CPU VM; median |error| over the three tiny models,
+# 2 ranks, 3-8 campaigns each): DDP 2.5-12.5%, CNTK-style 3-12%, Caffe-MPI-style 7-14%, Horovod
+# over MPI 2-10%, Horovod over gloo 2-11% (with the calibrated contention and Horovod's cycles),
+# real CNTK 1-11%, TF collective 2-10% (profile scaled to its fused local graph), MXNet
+# dist_sync 3.1-12.7% (its contention probe marks backward's end apart from the kvstore's pull
+# into the gradient), TF ps 8-20% (calibrated through its own SyncReplicasOptimizer step).
+# A calibration that falls in a slow stretch of this shared VM can move a whole scheme to
+# 16-21%: compare --calibrate therefore calibrates again after the runs and fits both
+# calibrations' timings pooled, and the test gives the schemes that miss one more campaign.
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi", "horovod:gloo",
                        "tf:collective", "tf:ps", "mxnet:dist_sync"]
 

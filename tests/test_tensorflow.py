@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from core.envs import REPO_ROOT
-from tests.conftest import assert_ranks_equal_one_process, calibration_run, check_run, run_cli, worker_processes
+from tests.conftest import assert_ranks_equal_one_process, calibration_run, check_run, worker_processes
 
 MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
-FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -185,25 +184,6 @@ def test_nodeps_requirements_are_part_of_the_environment_digest(tmp_path, monkey
     with_nodeps = envs.environment_for("x").path
     (tmp_path / "x.nodeps.txt").write_text("tf-keras==2.20.0\n")
     assert len({plain, with_nodeps, envs.environment_for("x").path}) == 3
-
-
-@pytest.mark.slow
-def test_compare_report_has_torch_and_tf_side_by_side(tmp_path, torch_python, tf_python):
-    out = tmp_path / "side-by-side"
-    result = run_cli("launchers.compare", "--frameworks", "torch,tf", "--model",
-                     "googlenet-tiny", "--workers", "1,2", "--out", str(out), *FAST)
-    assert result.returncode == 0, result.stderr[-3000:]
-    import sqlite3
-
-    with sqlite3.connect(out / "results.sqlite") as db:
-        rows = db.execute("SELECT framework, mode, world_size, status, synchronous FROM runs "
-                          "ORDER BY framework, world_size").fetchall()
-    assert rows == [("tf", "collective", 1, "ok", 1), ("tf", "collective", 2, "ok", 1),
-                    ("torch", "ddp", 1, "ok", 1), ("torch", "ddp", 2, "ok", 1)]
-    html = (out / "report.html").read_text()
-    assert "TensorFlow" in html and "PyTorch DDP" in html
-    summary = result.stdout + result.stderr
-    assert "TensorFlow" in summary and "PyTorch DDP" in summary
 
 
 def find_server(marker: str, timeout: float = 300):
