@@ -345,7 +345,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("action", choices=["build", "install"])
     parser.add_argument("--venv", type=Path, help="install: the virtualenv to fill")
     parser.add_argument("names", nargs="*", help="environments (envs/NAME.txt); build: all by default")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # names may follow --venv DIR
     try:
         if args.action == "build":
             unknown = sorted(set(args.names) - set(environment_names()))

@@ -71,6 +71,10 @@ def test_environments_are_built_ahead_by_name_and_a_wrong_name_is_one_line():
     assert built.returncode == 0 and built.stdout.startswith("host: ready in "), built.stderr
     wrong = run_cli("core.envs", "build", "host", "nosuch")
     assert wrong.returncode == 2 and wrong.stderr.startswith("dlcompare: error: no environment nosuch (known: ")
+    # the Dockerfiles' form: the names after --venv DIR
+    image_form = run_cli("core.envs", "install", "--venv", "/nonexistent/venv", "nosuch")
+    assert image_form.returncode == 2, image_form.stderr
+    assert image_form.stderr.startswith("dlcompare: error: no requirement file for environment 'nosuch'")
 
 
 def test_campaign_file_keys_are_flags_and_lists_are_sweeps():
