@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,6 +83,16 @@ def check_run(tmp: Path, python: str, framework: str, model: str, *, mode: str |
                         extra_env=extra_env)
     assert outcome.status == "ok", outcome.error
     return out
+
+
+def assert_a_few_steps_reduce_the_loss(tmp: Path, python: str, framework: str,
+                                       extra_env: dict | None = None) -> None:
+    """Eight SGD steps on resnet50-tiny's first batch (16 images) cut its loss by 10 % or more:
+    the framework trains, not only runs."""
+    out = check_run(tmp, python, framework, "resnet50-tiny", batch=16, steps=8, extra_env=extra_env)
+    losses = json.loads((out / "loss_rank0.json").read_text())
+    print(losses)
+    assert losses["after"] < 0.9 * losses["before"]
 
 
 def load(path: Path) -> dict:
