@@ -38,7 +38,7 @@ import pandas as pd  # noqa: E402
 from analysis import figures, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
-from analysis.store import CampaignBusy, CampaignLock, ResultStore, StoreError
+from analysis.store import CampaignBusy, CampaignLock, ResultStore, StoreError, imported_line
 
 REPORT_FILENAME = "report.html"
 ERROR_TAIL_LINES = 40
@@ -697,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         if (out_dir / "results.sqlite").is_file():
             imported = import_pending_records(out_dir)
             if imported:
-                print(f"imported {len(imported)} run(s) measured but not stored before", file=sys.stderr)
+                print(imported_line(imported), file=sys.stderr)
         print(build_report(out_dir))
     except StoreError as exc:
         return fail(exc, exc.exit_code)

@@ -863,8 +863,14 @@ def open_campaign(out_dir: str | Path, wait: bool = False, repair: bool = False,
     for line in unreadable:
         log(f"not imported: {line}")
     if imported:
-        log(f"imported {len(imported)} run(s) measured but not stored before: {', '.join(imported)}")
+        log(imported_line(imported))
     return store
+
+
+def imported_line(run_ids: list[str]) -> str:
+    """What a command says when it stored records that run folders kept (their runs ended
+    while the store could not take them)."""
+    return f"imported {len(run_ids)} run(s) measured but not yet stored: {', '.join(run_ids)}"
 
 
 # --------------------------------------------------------------------------- repair

@@ -1,6 +1,6 @@
-"""`python -m launchers.envs`: the environment builder's command under its earlier module name,
-kept so that scripts and Dockerfiles written against it keep working.  The builder is
-`core/envs.py` (`python -m core.envs`), at the bottom layer because every entry point uses it."""
+"""`python -m launchers.envs`: an alias of the environment builder, `python -m core.envs`, for
+scripts and Dockerfiles that call it by this name.  The builder is `core/envs.py`, at the bottom
+layer because every entry point uses it."""
 
 import sys
 

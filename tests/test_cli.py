@@ -55,9 +55,9 @@ def test_every_subcommand_is_its_module():
     assert "COMMAND" in one_error_line(run_cli("launchers.cli"))
 
 
-def test_earlier_module_names_still_run_their_commands():
-    """README's commands of earlier releases keep working: the equivalence check and the
-    environment builder under the module names they had before they moved down or up a layer."""
+def test_module_aliases_run_their_commands():
+    """`python -m adapters.check` and `python -m launchers.envs` run the equivalence check and
+    the environment builder, whose modules are `launchers.check` and `core.envs`."""
     checked = run_cli("adapters.check", "--frameworks", "nosuch", "--model", "alexnet-tiny")
     assert checked.returncode == 2 and checked.stderr.startswith("dlcompare: error: unknown framework 'nosuch'")
     assert run_cli("adapters.check", "--help").stdout.startswith("usage: python -m launchers.check")
