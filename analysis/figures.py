@@ -37,6 +37,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from analysis import tables  # noqa: E402
 from analysis.palette import scheme_colour  # noqa: E402
 from analysis.units import UnitError, parse_bandwidth  # noqa: E402
+from core.cli import interrupts_held, leave_interrupts_to_the_parent  # noqa: E402
 
 DPI = 120
 PANEL_SIZE = (6.4, 4.4)
@@ -547,16 +548,24 @@ def make_figures(frame: pd.DataFrame, out_dir: str | Path, workers: int | None =
     Figures are independent, so on a machine with several CPUs they are drawn by forked
     worker processes (one figure each; the frame is inherited, not copied through a pipe):
     matplotlib's text layout is the report's main cost.  `workers=1`, a platform without
-    fork, or any failure of the pool draws them one after another in this process.
+    fork, or any failure of the pool draws them one after another in this process. The
+    workers leave Ctrl-C to this process, which stops the pool and passes it on.
     """
     global _SHARED_FRAME
     workers = min(len(FIGURES), os.cpu_count() or 1) if workers is None else workers
     if workers > 1 and len(frame) and "fork" in multiprocessing.get_all_start_methods():
         _SHARED_FRAME = frame
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                futures = {name: pool.submit(_draw_shared, name, str(out_dir)) for name in FIGURES}
-                drawn = {name: future.result() for name, future in futures.items()}
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                     initializer=leave_interrupts_to_the_parent) as pool:
+                try:
+                    with interrupts_held():  # the pool forks its workers on the first submit
+                        futures = {name: pool.submit(_draw_shared, name, str(out_dir))
+                                   for name in FIGURES}
+                    drawn = {name: future.result() for name, future in futures.items()}
+                except BaseException:  # Ctrl-C: wait only for the figures being drawn
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
             return {name: Path(path) for name, path in drawn.items() if path is not None}
         except Exception:  # noqa: BLE001 - fall back to drawing here
             pass

@@ -10,6 +10,7 @@ next run of the command), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: what was mea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -42,6 +43,34 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, error_line(message) + "\n")
+
+
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def interrupts_held(signals: frozenset[int] = INTERRUPTS):
+    """Hold Ctrl-C, SIGTERM and SIGHUP (or only `signals`) back while forking: one that
+    arrives while the fork's own hooks run in the parent would raise inside them, where Python
+    prints "Exception ignored" and drops it, and the command would go on as if never
+    interrupted; one that arrives between a fork and its bookkeeping would leave an untracked
+    child. Held, it is delivered when the block ends, in ordinary code. Children inherit the
+    mask, also through exec: unblock in them what they must still receive."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def leave_interrupts_to_the_parent() -> None:
+    """In a forked helper process (which inherits the held mask and the parent's handlers):
+    ignore Ctrl-C and a hang-up, which the parent handles for the whole command, take SIGTERM
+    as the plain end the parent may send, and unblock them all."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
 
 
 def raise_interrupt(signum, frame):

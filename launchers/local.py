@@ -36,6 +36,7 @@ from typing import Callable
 import psutil
 
 from adapters.base import RunConfig
+from core.cli import interrupts_held
 from core.envs import REPO_ROOT
 from launchers.rendezvous import Host, ProcessSpec, processes_for
 
@@ -282,11 +283,9 @@ def run_local(config: RunConfig, python: str, run_dir: Path, rendezvous_kind: st
     try:
         # Ctrl-C is held back while the processes start, so none can be forked without being
         # tracked; delivered right after, it lands in the except below and kills them all.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        # (Only Ctrl-C: the ranks inherit the mask and must still die of SIGTERM.)
+        with interrupts_held(frozenset({signal.SIGINT})):
             group.start(run_json)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return group.wait(timeout, on_progress)
     except BaseException:
         group.kill()

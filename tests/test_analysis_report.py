@@ -65,6 +65,38 @@ def test_single_row_frame_does_not_crash(frame, tmp_path):
         assert_png(path)
 
 
+CTRL_C_AT_FORK = """
+import os, signal, sys
+from analysis import figures
+from analysis.store import ResultStore
+from tests.test_analysis_data import make_campaign
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+with ResultStore.for_campaign(make_campaign(sys.argv[1])) as store:
+    frame = store.runs_frame()
+sent = []
+def ctrl_c_in_the_fork_hook():  # the moment the fork's own hooks run in the parent
+    if not sent:
+        sent.append(os.kill(os.getpid(), signal.SIGINT))
+os.register_at_fork(after_in_parent=ctrl_c_in_the_fork_hook)
+try:
+    figures.make_figures(frame, sys.argv[1], workers=2)
+except KeyboardInterrupt:
+    sys.exit(130)
+sys.exit(f"Ctrl-C lost: {len(sent)} sent, the figures were drawn")
+"""
+
+
+def test_ctrl_c_while_figure_workers_are_forked_is_not_lost(tmp_path):
+    """A Ctrl-C that arrives while the pool forks would raise inside the fork's hooks, where
+    Python drops it ("Exception ignored"): the figures hold it back until the workers are
+    forked, then stop."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_FORK, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 def test_several_models_and_batches_get_panels(tmp_path):
     records = make_records() + [
         make_record("PyTorch DDP", "torch", "ddp", 1, 0.4, run_id="g1", model="googlenet"),
