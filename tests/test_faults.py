@@ -467,9 +467,10 @@ def closed_terminal_campaign(out: Path, *args: str) -> tuple[subprocess.Popen, i
     thread drains so the campaign never blocks on output."""
     master, slave = os.openpty()
 
-    def controlling_terminal():
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    def controlling_terminal():  # and the signals as an interactive shell leaves them, even
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # when the suite itself runs under nohup or in `&`
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     campaign = start_campaign(out, *args, stdin=slave, stdout=slave, stderr=slave,
                               start_new_session=True, preexec_fn=controlling_terminal)
