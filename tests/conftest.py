@@ -86,10 +86,11 @@ def check_run(tmp: Path, python: str, framework: str, model: str, *, mode: str |
 
 
 def assert_a_few_steps_reduce_the_loss(tmp: Path, python: str, framework: str,
-                                       extra_env: dict | None = None) -> None:
+                                       extra_env: dict | None = None, timeout: float = 300) -> None:
     """Eight SGD steps on resnet50-tiny's first batch (16 images) cut its loss by 10 % or more:
     the framework trains, not only runs."""
-    out = check_run(tmp, python, framework, "resnet50-tiny", batch=16, steps=8, extra_env=extra_env)
+    out = check_run(tmp, python, framework, "resnet50-tiny", batch=16, steps=8, timeout=timeout,
+                    extra_env=extra_env)
     losses = json.loads((out / "loss_rank0.json").read_text())
     print(losses)
     assert losses["after"] < 0.9 * losses["before"]

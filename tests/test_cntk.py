@@ -124,7 +124,7 @@ def test_cntk_equals_torch(tmp_path, cntk_env, torch_python, model, steps):
 
 @pytest.mark.slow
 def test_a_few_steps_reduce_the_loss(tmp_path, cntk_env):
-    assert_a_few_steps_reduce_the_loss(tmp_path, cntk_env["python"], "cntk",
+    assert_a_few_steps_reduce_the_loss(tmp_path, cntk_env["python"], "cntk", timeout=600,
                                        extra_env={"DLC_BACKEND_PYTHON": cntk_env["backend"]})
 
 
