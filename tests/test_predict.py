@@ -13,7 +13,8 @@ from analysis import perfmodel as pm
 from analysis import predict, report, tables, units, whatif
 from analysis.calibration import CalibrationFit
 from analysis.store import ResultStore
-from bench.loopback_prediction import campaign_arguments, scheme_medians, schemes_to_hold
+from bench.loopback_prediction import (campaign_arguments, prediction_table, scheme_medians,
+                                       schemes_to_hold, show)
 from models import get_model
 from tests.conftest import run_cli
 from tests.test_analysis_data import make_campaign, make_record
@@ -416,10 +417,8 @@ def test_model_predicts_loopback_campaigns_within_30_percent(tmp_path_factory):
         again = tmp_path_factory.mktemp("model") / "again"
         rerun = loopback_campaign(failing, again)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
-        with ResultStore.for_campaign(again, create=False) as store:
-            retable = tables.prediction_table(store.runs_frame())
-        print("\n" + tables.to_markdown(retable[["framework_label", "mode", "model", "measured_ms", "predicted_ms",
-                                                 "error_pct", "basis"]]))
+        retable = prediction_table(again)
+        show(retable)
         medians.update(scheme_medians(retable))
     failures = [f"{scheme}: median |error| {error:.1%}" for scheme, error in medians.items() if error > LIMIT]
     load = max(load_before, os.getloadavg()[1])
