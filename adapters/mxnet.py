@@ -64,7 +64,6 @@ be defined, and `serve()` then runs the role explicitly.
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import os
 import shutil
@@ -76,6 +75,7 @@ import numpy as np
 
 from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer
 from adapters.data import Cycle, SyntheticBatches, list_jpeg_dataset
+from core.files import file_lock
 from models import layers as L
 
 
@@ -387,9 +387,7 @@ def pack_recordio(data_dir: str) -> tuple[Path, Path]:
     folder = rec.parent
     if (folder / "complete").exists():
         return rec, idx
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(folder.with_suffix(".lock")):
         if (folder / "complete").exists():
             return rec, idx
         partial = folder.with_name(folder.name + ".partial")

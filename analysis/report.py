@@ -29,6 +29,7 @@ from pathlib import Path
 
 from core.cli import EXIT_NOT_WRITTEN, OneLineParser, fail
 from core.envs import reexec_in_host_env
+from core.files import write_text_atomic
 
 if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pandas is in the host env
     reexec_in_host_env("analysis.report", sys.argv[1:])
@@ -665,12 +666,8 @@ def build_report(out_dir: str | Path) -> Path:
     made = figures.make_figures(frame, out_dir)
     _drop_stale_figures(out_dir, made)
     path = out_dir / REPORT_FILENAME
-    partial = path.with_name(f".{REPORT_FILENAME}.tmp")
-    try:  # whole or not at all: a full disk leaves the previous report readable
-        partial.write_text(render_html(out_dir, frame, meta, built, made), encoding="utf-8")
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
+    # whole or not at all: a full disk leaves the previous report readable
+    write_text_atomic(path, render_html(out_dir, frame, meta, built, made))
     return path
 
 

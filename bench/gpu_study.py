@@ -56,7 +56,7 @@ from pathlib import Path
 
 from adapters.registry import FRAMEWORKS, framework_info
 from bench import run_command
-from core.cli import OneLineParser, fail
+from core.cli import OneLineParser, comma_list_type, fail
 from core.envs import REPO_ROOT, ensure_environment, reexec_in_host_env
 from launchers.interpreters import InterpreterError, probe_interpreter, versions_line
 
@@ -662,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "DLCOMPARE_NO_BOOTSTRAP=1, else the torch virtualenv)")
     parser.add_argument("--jax-python", default=None,
                         help="the interpreter of JAX's ranks (default: --python's, if it imports JAX)")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
+    parser.add_argument("--sections", type=comma_list_type, default=",".join(SECTIONS),
                         help="comma list, in this order: %(default)s")
     parser.add_argument("--wheels", default=str(DEFAULT_WHEELS),
                         help="wheels of the launcher's packages (default: %(default)s)")
@@ -689,10 +689,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.prepare:
         return prepare_wheels(Path(args.wheels), args.wheel_python)
-    sections = [name.strip() for name in args.sections.split(",") if name.strip()]
+    sections = args.sections
     unknown = [name for name in sections if name not in SECTIONS]
-    if unknown or not sections:
-        return fail(f"--sections: unknown {', '.join(unknown) or 'empty list'} (known: {', '.join(SECTIONS)})")
+    if unknown:
+        return fail(f"--sections: unknown {', '.join(unknown)} (known: {', '.join(SECTIONS)})")
     if args.deadline <= RESERVE_S:
         return fail(f"--deadline must be above {RESERVE_S:.0f} s")
     here = os.environ.get("DLCOMPARE_NO_BOOTSTRAP") == "1"

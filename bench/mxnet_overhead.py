@@ -24,7 +24,7 @@ import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 
 
 def plain_step(network, trainer, loss_fn, images, labels, batch: int):
@@ -89,7 +89,7 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--models", type=comma_list_type, default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=None,
                         help="per-step batch (default: the campaign's CPU default per model)")
     parser.add_argument("--iterations", type=int, default=5)
@@ -107,7 +107,7 @@ def main() -> int:
     print(json.dumps({"python": platform.python_version(), "mxnet": mx.__version__,
                       "cpu_count": threads, "omp_num_threads": os.environ["OMP_NUM_THREADS"],
                       "mkldnn": os.environ.get("MXNET_MKLDNN_ENABLED", "1")}))
-    for model in args.models.split(","):
+    for model in args.models:
         batch = args.batch or default_batch(model, "cpu")
         print(json.dumps(measure(model, batch, args.iterations, args.rounds, threads)),
               flush=True)

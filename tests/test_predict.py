@@ -315,6 +315,8 @@ def test_whatif_cli_prints_the_table(tmp_path):
     (["--bandwidth", "fast"], "cannot read bandwidth"),
     (["--latency", "5"], "cannot read latency"),
     (["--nodes", "0,2"], "--nodes"),
+    (["--nodes", "2,,4"], "--nodes has an empty item"),
+    (["--bandwidth", "10Gbit,"], "--bandwidth has an empty item"),
     (["--model", "resnet50"], "no successful one-worker run of resnet50"),
     (["--schemes", "magic"], "unknown scheme"),
     (["--profile", "TensorFlow"], "--profile"),

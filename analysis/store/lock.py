@@ -1,14 +1,14 @@
-"""One writer per campaign folder: `CampaignLock`, an flock the kernel drops when its holder
-dies however it dies, so a dead campaign's lock is simply taken over."""
+"""One writer per campaign folder: `CampaignLock`, a file lock the kernel drops when its
+holder dies however it dies, so a dead campaign's lock is simply taken over."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 from pathlib import Path
 from typing import Callable
 
+from core.files import FileLock
 from analysis.store.errors import CampaignBusy, StoreError
 
 LOCK_FILENAME = ".dlcompare.lock"
@@ -18,41 +18,37 @@ class CampaignLock:
     """An advisory lock on a campaign folder, so that two campaigns (or a campaign and a
     calibration) never write the same store and run folders at once.
 
-    `flock` on ``.dlcompare.lock``: the kernel drops it when the holder's process ends,
-    however it ends (SIGKILL and the OOM killer included), so a dead holder's lock is simply
-    taken over.  The file names the holder (pid and command) for the refusal message, and is
-    emptied on release, so a pid found in it by the next holder is one that died holding it.
-    The descriptor is not inherited by the processes a campaign starts (Python opens files
-    close-on-exec)."""
+    A `core.files.FileLock` on ``.dlcompare.lock``: a dead holder's lock is simply taken
+    over, and the processes a campaign starts do not inherit it.  The file names the holder
+    (pid and command) for the refusal message, and is emptied on release, so a pid found in
+    it by the next holder is one that died holding it."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILENAME
-        self._fd: int | None = None
+        self._lock = FileLock(self.path)
         self.took_over: str | None = None  # the holder that died holding it, if one did
 
     def acquire(self, wait: bool = False, on_wait: Callable[[str], None] | None = None) -> "CampaignLock":
         """Take the lock; CampaignBusy (one line, the holder's pid) when another live process
         holds it, unless `wait`: then block until it is free (Ctrl-C ends the wait)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            free = self._lock.acquire(wait=False)
         except OSError as exc:
             raise StoreError(f"cannot lock campaign folder {self.folder}: {exc.strerror or exc}") from None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = self.holder(fd)
+            if not free:
+                holder = self.holder(self._lock.fd)
                 if not wait:
                     raise CampaignBusy(f"campaign folder {self.folder} is in use by {holder}: wait for "
                                        "it to end (or pass --wait), or use another --out") from None
                 if on_wait:
                     on_wait(f"campaign folder {self.folder} is in use by {holder}: waiting (--wait)")
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._lock.acquire()
         except BaseException:
-            os.close(fd)
+            self._lock.release()
             raise
-        self._fd = fd
+        fd = self._lock.fd
         self.took_over = self.holder(fd) if os.fstat(fd).st_size else None
         try:
             os.ftruncate(fd, 0)
@@ -76,14 +72,13 @@ class CampaignLock:
         return f"pid {pid}" + (f" ({command})" if command else "")
 
     def release(self) -> None:
-        if self._fd is None:
+        if self._lock.fd is None:
             return
         try:
-            os.ftruncate(self._fd, 0)
+            os.ftruncate(self._lock.fd, 0)
         except OSError:
             pass
-        os.close(self._fd)  # closing drops the flock
-        self._fd = None
+        self._lock.release()
 
     def __enter__(self) -> "CampaignLock":
         return self
