@@ -55,7 +55,7 @@ def parse_args(argv):
 
 
 def validate(args):
-    from analysis.equivalence import DEFAULT_TOLERANCE, TOLERANCE  # host env: NumPy
+    from analysis.equivalence import tolerance  # host env: NumPy
     from models import MODEL_NAMES  # host env: NumPy
 
     entries = comma_list(args.frameworks, "--frameworks", UsageError)
@@ -75,8 +75,7 @@ def validate(args):
         raise UsageError("--tolerance must be positive")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    tolerance = args.tolerance or TOLERANCE.get(args.model, DEFAULT_TOLERANCE)
-    return frameworks, tolerance
+    return frameworks, args.tolerance or tolerance(args.model)
 
 
 def run_framework(info, mode: str, args, out: Path, python: str,
