@@ -39,6 +39,7 @@ import pandas as pd  # noqa: E402
 from analysis import figures, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
+from analysis.rendering import display_frame, flatten_columns, float_format, missing
 from analysis.store import CampaignBusy, CampaignLock, ResultStore, StoreError, imported_line
 
 REPORT_FILENAME = "report.html"
@@ -190,7 +191,7 @@ footer { text-align: center; color: var(--muted); font-size: .8rem; padding: 1.5
 # --------------------------------------------------------------------------- small pieces
 
 def esc(value) -> str:
-    return html.escape("" if tables._missing(value) else str(value), quote=True)
+    return html.escape("" if missing(value) else str(value), quote=True)
 
 
 # Text columns that hold numbers (aligned like numbers).
@@ -199,10 +200,10 @@ NUMERIC_TEXT = {"iter_ms_p10_p90"}
 
 def _cell(column: str, value) -> str:
     """One <td>: numbers right-aligned in the column's format, missing values as a dash."""
-    if tables._missing(value):
+    if missing(value):
         return '<td class="missing">—</td>'
     if isinstance(value, float):
-        return f'<td class="num">{format(value, tables.float_format(column))}</td>'
+        return f'<td class="num">{format(value, float_format(column))}</td>'
     if (isinstance(value, int) and not isinstance(value, bool)) or column in NUMERIC_TEXT:
         return f'<td class="num">{esc(value)}</td>'
     return f"<td>{esc(value)}</td>"
@@ -240,7 +241,7 @@ def compact(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     table = table.drop(columns=drop)
     if {"iter_ms_p10", "iter_ms_p90"} <= set(table.columns):  # one "low–high" column
         at = list(table.columns).index("iter_ms_p10")
-        spread = [None if tables._missing(lo) or tables._missing(hi) else f"{lo:.2f}–{hi:.2f}"
+        spread = [None if missing(lo) or missing(hi) else f"{lo:.2f}–{hi:.2f}"
                   for lo, hi in zip(table["iter_ms_p10"], table["iter_ms_p90"])]
         table = table.drop(columns=["iter_ms_p10", "iter_ms_p90"])
         table.insert(at, "iter_ms_p10_p90", spread)
@@ -263,7 +264,7 @@ def html_table(table: pd.DataFrame, raw_headers: bool = False) -> str:
     if constants:
         same = '<p class="note">In every row: ' + ", ".join(
             f"{esc(_header(k))} = {esc(v)}" for k, v in constants.items()) + ".</p>\n"
-    shown = tables.display_frame(table)
+    shown = display_frame(table)
     head = "".join(f"<th>{esc(c if raw_headers else _header(c))}</th>" for c in table.columns)
     body = "\n".join("<tr>" + "".join(_cell(c, _scalar(v)) for c, v in zip(table.columns, row)) + "</tr>"
                      for row in shown.itertuples(index=False))
@@ -481,14 +482,14 @@ CPU runs (ranks × threads above the cores), a machine kept busy by other proces
 def _verdict_row(row: pd.Series) -> str:
     """One scheme of a topology's verdict as a <tr>."""
     def number(value, fmt):
-        return '<td class="missing">—</td>' if tables._missing(value) else f'<td class="num">{format(value, fmt)}</td>'
+        return '<td class="missing">—</td>' if missing(value) else f'<td class="num">{format(value, fmt)}</td>'
 
-    rank = "" if tables._missing(row["rank"]) else f"{int(row['rank'])}"
+    rank = "" if missing(row["rank"]) else f"{int(row['rank'])}"
     scheme = (f'<span class="swatch" style="background:{scheme_colour(row["framework"], row["mode"])}"></span>'
               f'{esc(row["series"])}' + ("" if row["synchronous"] else " <em>(asynchronous: not ranked)</em>"))
     spread = (f"{row['iter_ms']:.1f} [{row['iter_ms_p10']:.1f}–{row['iter_ms_p90']:.1f}]"
-              if not tables._missing(row["iter_ms_p10"]) else f"{row['iter_ms']:.1f}")
-    behind = "" if tables._missing(row["behind_winner_pct"]) or row["rank"] == 1 else f"−{row['behind_winner_pct']:.0f}%"
+              if not missing(row["iter_ms_p10"]) else f"{row['iter_ms']:.1f}")
+    behind = "" if missing(row["behind_winner_pct"]) or row["rank"] == 1 else f"−{row['behind_winner_pct']:.0f}%"
     flags = f'<span class="flag">{esc(row["flags"])}</span>' if row["flags"] else ""
     return ("<tr>" + f'<td class="num">{rank}</td><td>{scheme}</td>' + number(row["images_per_s"], ".1f")
             + f'<td class="num">{esc(spread)}</td><td class="num">{behind}</td>' + number(row["efficiency"], ".2f")
@@ -598,7 +599,7 @@ def study_section(frame: pd.DataFrame, built: dict[str, pd.DataFrame] | None = N
         if name == "study_single":
             continue
         model = name[len("study_scaling_"):]
-        flat = tables.flatten_columns(table)
+        flat = flatten_columns(table)
         parts += [f"<h3>{esc(model)}</h3>", html_table(flat, raw_headers=True),
                   f'<p class="links">Files: <a href="tables/{name}.csv">csv</a> · <a href="tables/{name}.md">md</a>'
                   f' · <a href="tables/{name}.tex">tex</a></p>']

@@ -569,7 +569,7 @@ def write_tables(study: Study, facts: dict, started: float) -> Path:
     import pandas as pd  # the launcher's packages are importable only once supply_packages ran
 
     from analysis.store import ResultStore
-    from analysis.tables import to_markdown
+    from analysis.rendering import to_markdown
 
     folder = study.out / "gpu_study"
     folder.mkdir(parents=True, exist_ok=True)

@@ -70,10 +70,10 @@ def scheme_medians(table) -> dict[str, float]:
 
 
 def show(table) -> None:
-    from analysis import tables
+    from analysis.rendering import to_markdown
 
-    print(tables.to_markdown(table[["framework_label", "mode", "model", "measured_ms", "predicted_ms",
-                                    "error_pct", "basis"]]), flush=True)
+    print(to_markdown(table[["framework_label", "mode", "model", "measured_ms", "predicted_ms",
+                             "error_pct", "basis"]]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
