@@ -4,15 +4,15 @@ profile mode costs against throughput mode.
     python -m bench.mxnet_overhead [--models alexnet,googlenet,resnet50] [--batch N]
 
 Runs in the MXNet environment (it re-executes itself there). Both loops train the same
-hybridized Gluon network (built from the same description by adapters.mxnet.Network, same
-canonical weights, same batch already in MXNet memory, same threads), one process, one CPU
-context, no kvstore (Gluon's own single-device path). The plain loop is the textbook one:
+hybridized Gluon network (built from the same description by adapters.mxnet.model.Network,
+same canonical weights, same batch already in MXNet memory, same threads), one process, one
+CPU context, no kvstore (Gluon's own single-device path). The plain loop is the textbook one:
 
     with autograd.record(): loss = loss_fn(net(x), y)
     loss.backward(); trainer.step(batch)
 
 The adapter's `step()` adds its input iterator and the Bessel correction of BatchNorm's
-running variance (adapters/mxnet.py UnbiasedRunningVar). Rounds are interleaved so machine
+running variance (adapters/mxnet/model.py UnbiasedRunningVar). Rounds are interleaved so machine
 noise hits both alike; the ratio is of medians. Target: adapter / plain <= 1.05. Without
 --batch each model runs at the campaign's default CPU batch (launchers/plan.py).
 """
@@ -47,7 +47,9 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
     from adapters.base import DistInfo, RunConfig
     from adapters.data import synthetic_batch
-    from adapters.mxnet import MXNetTrainer, Network, mkldnn_active
+    from adapters.mxnet.base import mkldnn_active
+    from adapters.mxnet.model import Network
+    from adapters.mxnet.trainer import MXNetTrainer
     from models import canonical_weights, get_model
 
     spec = get_model(model)
