@@ -33,7 +33,7 @@ what a device machine's $OUT brings back.
 
 The launcher itself runs in this interpreter with DLCOMPARE_NO_BOOTSTRAP=1 (no virtualenv is
 built); the packages it needs that this interpreter lacks (rich, tabulate, psutil, Pillow,
-PyYAML) are unpacked from the wheels `--prepare` downloaded (`launchers.wheels`; `--wheels`,
+PyYAML, Jinja2) are unpacked from the wheels `--prepare` downloaded (`launchers.wheels`; `--wheels`,
 default .gpu_wheels/, ignored by git; carry it along).  NumPy, pandas, matplotlib and seaborn
 must be there already.
 """

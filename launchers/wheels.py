@@ -24,11 +24,12 @@ from typing import Callable
 from core.envs import REPO_ROOT
 
 # Packages the launcher imports that a node's python may lack, by import name: the
-# distribution whose wheel supplies it (rich's own dependencies with it).
+# distribution whose wheel supplies it (rich's and Jinja2's own dependencies with them).
 LAUNCHER_PACKAGES = {"rich": "rich", "markdown_it": "markdown-it-py", "mdurl": "mdurl",
                      "pygments": "pygments", "tabulate": "tabulate", "psutil": "psutil",
-                     "PIL": "pillow", "yaml": "PyYAML"}
-PINNED_WHEELS = ("rich", "tabulate", "psutil", "pillow", "PyYAML")  # versions of envs/host.txt
+                     "PIL": "pillow", "yaml": "PyYAML", "jinja2": "Jinja2", "markupsafe": "MarkupSafe"}
+# versions of envs/host.txt
+PINNED_WHEELS = ("rich", "tabulate", "psutil", "pillow", "PyYAML", "Jinja2", "MarkupSafe")
 # The launcher's packages carried by no wheel (too large; a GPU node's Python has them)
 REQUIRED_HERE = ("numpy", "pandas", "matplotlib", "seaborn")
 WORKER_PACKAGES = ("numpy", "PIL")
