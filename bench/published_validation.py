@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     reexec_in_host_env("bench.published_validation", argv)
     import pandas as pd  # after the re-exec: the launcher's environment has pandas
 
-    from analysis import published, tables
+    from analysis import published, rendering
 
     try:
         sources, _ = published.load_cases(Path(args.file))
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(error)
     rows = published.validation_rows(Path(args.file))
     table = pd.DataFrame(rows)
-    print(tables.to_markdown(table.round({"published": 3, "predicted": 3, "flat": 3, "device_efficiency": 3,
+    print(rendering.to_markdown(table.round({"published": 3, "predicted": 3, "flat": 3, "device_efficiency": 3,
                                           "error_points": 1, "flat_error_points": 1})))
     print(f"median |error|: hierarchical model {published.median_abs_points(rows, 'error_points'):.1f} points, "
           f"flat model {published.median_abs_points(rows, 'flat_error_points'):.1f} points of efficiency "

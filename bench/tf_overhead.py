@@ -23,7 +23,7 @@ import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 from models import model_facts
 
 
@@ -169,7 +169,7 @@ def measure(model_name: str, batch: int, iterations: int, rounds: int, threads: 
 
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--models", type=comma_list_type, default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=0, help="0: the default CPU batch per model")
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
@@ -185,7 +185,7 @@ def main() -> int:
     print(json.dumps({"python": platform.python_version(), "tensorflow": tf.__version__,
                       "keras": tf.keras.__name__, "cpu_count": os.cpu_count(),
                       "threads": threads}), flush=True)
-    for model in args.models.split(","):
+    for model in args.models:
         batch = args.batch or model_facts(model).default_batch["cpu"]
         print(json.dumps(measure(model, batch, args.iterations, args.rounds, threads)),
               flush=True)

@@ -104,3 +104,21 @@ def interrupt_on_termination() -> None:
     for signum, handler in handlers.items():
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, handler)
+
+
+def comma_list(text: str, what: str, error: type[Exception] = ValueError) -> list[str]:
+    """The items of a comma list (a flag's value), stripped, in order. An empty item ('1,,2',
+    '1,', ',') is bad input, not something to skip: it is usually a typo for a value that was
+    meant. Raises `error` (the caller's usage error) with one line naming `what`."""
+    items = [part.strip() for part in str(text).split(",")]
+    if not any(items):
+        raise error(f"{what} is empty")
+    if not all(items):
+        raise error(f"{what} has an empty item in {text!r}")
+    return items
+
+
+def comma_list_type(text: str) -> list[str]:
+    """`comma_list` as an argparse ``type``: a bad list is the parser's one line
+    ("argument --models: the comma list has an empty item in 'a,,b'")."""
+    return comma_list(text, "the comma list", argparse.ArgumentTypeError)

@@ -26,7 +26,6 @@ from rich.table import Table
 
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
-from adapters.rankfiles import write_json_atomic
 from adapters.registry import framework_info
 from analysis.predict import predict_stored
 from analysis.record import empty_record
@@ -35,6 +34,7 @@ from analysis.store import ResultStore, StoreError, open_campaign
 from analysis.summary import print_summary
 from core.cli import EXIT_INTERRUPTED, EXIT_NOT_WRITTEN, fail, interrupt_on_termination
 from core.envs import REPO_ROOT, EnvBuildError, dlcompare_home
+from core.files import write_json_atomic
 from launchers import plan as planning
 from launchers.calibration_runs import calibrate_campaign
 from launchers.cluster import ClusterError, LocalCluster, parse_cluster

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from adapters.registry import UnknownFramework, parse_framework_mode
-from core.cli import OneLineParser, fail
+from core.cli import OneLineParser, comma_list, fail
 from core.envs import REPO_ROOT, EnvBuildError, reexec_in_host_env
 from launchers.interpreters import (InterpreterError, add_python_argument, overrides_or_exit,
                                     prepare_interpreters)
@@ -58,7 +58,7 @@ def validate(args):
     from analysis.equivalence import tolerance  # host env: NumPy
     from models import MODEL_NAMES  # host env: NumPy
 
-    entries = [part.strip() for part in args.frameworks.split(",") if part.strip()]
+    entries = comma_list(args.frameworks, "--frameworks", UsageError)
     try:
         frameworks = list(dict.fromkeys(parse_framework_mode(e) for e in entries))
     except UnknownFramework as error:

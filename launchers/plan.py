@@ -19,6 +19,7 @@ from pathlib import Path
 from adapters.base import RunConfig
 from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
 from analysis.units import parse_bandwidth, parse_latency
+from core.cli import comma_list
 from launchers.cluster import ClusterError, parse_cluster
 from launchers.cluster.ssh import read_hostfile
 from core import schemes as catalogue
@@ -33,19 +34,8 @@ class UsageError(ValueError):
     """Bad input; main() prints it as one line and exits with code 2."""
 
 
-def list_items(text: str, what: str) -> list[str]:
-    """The items of a comma list, stripped; an empty one ('1,,2', '1,', ',') is bad input, not
-    something to skip: it is usually a typo for a number that was meant."""
-    items = [part.strip() for part in str(text).split(",")]
-    if not any(items):
-        raise UsageError(f"{what} is empty")
-    if not all(items):
-        raise UsageError(f"{what} has an empty item in {text!r}")
-    return items
-
-
 def positive_ints(text: str, what: str) -> list[int]:
-    items = list_items(text, what)
+    items = comma_list(text, what, UsageError)
     try:
         values = [int(item) for item in items]
     except ValueError:
@@ -103,7 +93,7 @@ def parse_batch_sizes(text: str | None, models: list[str]) -> list[int] | dict[s
     ('alexnet=1024,googlenet=128'; a model not named keeps its default); None when not given."""
     if text is None:
         return None
-    entries = list_items(text, "--batch-size")
+    entries = comma_list(text, "--batch-size", UsageError)
     if not any("=" in entry for entry in entries):
         return positive_ints(text, "--batch-size")
     per_model: dict[str, list[int]] = {}
@@ -123,9 +113,7 @@ def parse_options(items: list[str] | None) -> dict:
     """--option KEY=VALUE (repeatable, or a comma list): adapter options for every run, the
     value read as JSON where it is JSON (true, 25, 0.5), else as text."""
     options = {}
-    for item in (part.strip() for text in items or () for part in text.split(",")):
-        if not item:
-            continue
+    for item in (part for text in items or () for part in comma_list(text, "--option", UsageError)):
         key, sep, value = item.partition("=")
         if not sep or not value.strip():
             raise UsageError(f"--option takes KEY=VALUE, got {item!r}")
@@ -147,7 +135,7 @@ def parse_dtype(text: str | None) -> str:
 
 
 def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
-    entries = list_items(text, "--frameworks")
+    entries = comma_list(text, "--frameworks", UsageError)
     try:
         return list(dict.fromkeys(parse_framework_mode(part) for part in entries))
     except UnknownFramework as error:
@@ -155,7 +143,7 @@ def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
 
 
 def parse_models(text: str) -> list[str]:
-    names = list_items(text, "--model")
+    names = comma_list(text, "--model", UsageError)
     for name in names:
         if name not in MODEL_NAMES:
             raise UsageError(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})")
@@ -283,7 +271,7 @@ def parse_links(text: str | None, what: str, parse) -> list[str | None]:
     unit parser); None when not given."""
     if text is None:
         return [None]
-    items = list(dict.fromkeys(list_items(text, what)))
+    items = list(dict.fromkeys(comma_list(text, what, UsageError)))
     for item in items:
         try:
             value = parse(item)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis import perfmodel as pm
-from analysis import predict, report, tables, units, whatif
+from analysis import predict, rendering, report, tables, units, whatif
 from analysis.calibration import CalibrationFit
 from analysis.store import ResultStore
 from bench.loopback_prediction import (campaign_arguments, prediction_table, scheme_medians,
@@ -224,7 +224,7 @@ def test_study_tables_markdown_csv_latex(tmp_path):
     assert "2 workers S" in md and "1.60" in md
     single = written["study_single"]["csv"].read_text()
     assert "images_per_s" in single and "backward_ms" in single
-    assert tables.latex_escape("a_b & 5%") == r"a\_b \& 5\%"
+    assert rendering.latex_escape("a_b & 5%") == r"a\_b \& 5\%"
 
 
 def test_report_has_model_section_timeline_and_study_tables(tmp_path):
@@ -315,6 +315,8 @@ def test_whatif_cli_prints_the_table(tmp_path):
     (["--bandwidth", "fast"], "cannot read bandwidth"),
     (["--latency", "5"], "cannot read latency"),
     (["--nodes", "0,2"], "--nodes"),
+    (["--nodes", "2,,4"], "--nodes has an empty item"),
+    (["--bandwidth", "10Gbit,"], "--bandwidth has an empty item"),
     (["--model", "resnet50"], "no successful one-worker run of resnet50"),
     (["--schemes", "magic"], "unknown scheme"),
     (["--profile", "TensorFlow"], "--profile"),
@@ -399,13 +401,13 @@ def test_model_predicts_loopback_campaigns_within_30_percent(tmp_path_factory):
     windows = {f"{c.framework}:{c.mode}": len(c.windows) for c in calibrations.itertuples()}
     assert windows.pop(f"{schemes[0]}:ddp") == 1 and set(windows.values()) == {2}, windows
     assert len(windows) == len(schemes) - 1, windows
-    print("\n" + tables.to_markdown(tables.calibration_table(calibrations)))
+    print("\n" + rendering.to_markdown(tables.calibration_table(calibrations)))
     table = tables.prediction_table(frame)
     shown = table[["framework_label", "model", "world_size", "measured_ms", "predicted_ms", "error_pct",
                    "comm_measured_ms", "comm_predicted_ms", "comm_exposed_pred_ms", "basis", "layer_source"]]
-    print("\n" + tables.to_markdown(shown))
+    print("\n" + rendering.to_markdown(shown))
     summary = tables.prediction_summary(frame)
-    print(tables.to_markdown(summary))
+    print(rendering.to_markdown(summary))
     assert set(table["basis"]) == {"calibrated"}, table[["framework_label", "mode", "basis"]]
     assert len(summary) == len(schemes)
     medians = scheme_medians(table)
