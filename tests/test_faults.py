@@ -213,12 +213,12 @@ def test_every_number_and_list_flag_is_checked(check, value, needle):
     ("bad..name", "node name 'bad..name'"),
 ])
 def test_hostfile_names_that_ssh_could_read_as_options_are_bad_input(tmp_path, line, needle):
-    from launchers.cluster import ClusterError
+    from launchers.cluster import TransportError
     from launchers.cluster.ssh import read_hostfile
 
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"{line}\nnode2 slots=1\n")
-    with pytest.raises(ClusterError, match=re.escape(needle)) as raised:
+    with pytest.raises(TransportError, match=re.escape(needle)) as raised:
         read_hostfile(str(hostfile))
     assert "line 1" in str(raised.value)
 
