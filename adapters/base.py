@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from core import schemes as catalogue
+
 
 @dataclass
 class RunConfig:
@@ -209,15 +211,33 @@ class Trainer(abc.ABC):
     # -- inputs of the performance model (analysis/perfmodel.py); optional ------------------
 
     def comm_scheme(self) -> dict | None:
-        """How this scheme aggregates gradients, in the terms of `analysis.perfmodel.Scheme`:
-        overlap (bool: sends during backward), granularity (whole | layer | tensor | bucket),
-        bucket_bytes / first_bucket_bytes, merge (None | greedy), algorithm (ring | tree |
-        recursive_doubling | halving_doubling | ps), servers, profile_granularity (how
-        `profile_step(overlapped=False)` communicates), plus transport (gloo, mpi, grpc ...:
-        the key calibrations are shared by) and label.  None: unknown; the model then assumes
-        the whole gradient after backward (ring all-reduce, or push/pull with servers) and
-        marks its prediction as assumed."""
+        """How this run aggregates gradients, in the terms of `analysis.perfmodel.Scheme`
+        (overlap, granularity, bucket sizes, merge, algorithm, servers, profile_granularity),
+        plus transport (the key calibrations are shared by) and label: the scheme catalogue's
+        description of the run's mode (`core.schemes.SchemeInfo.describe`) with the run's
+        options, servers and the transport it really uses (`comm_transport`).  None where no
+        gradient crosses ranks (`sends_gradients`) or the model has no terms for the scheme;
+        the model then assumes the whole gradient after backward and marks its prediction as
+        assumed."""
+        if not self.sends_gradients():
+            return None
+        config = self.config
+        return catalogue.scheme(config.framework, config.mode).describe(
+            self.scheme_options(), config.device, config.servers or None, self.comm_transport())
+
+    def sends_gradients(self) -> bool:
+        """Whether this run's gradients cross ranks (a one-rank run of most schemes does not)."""
+        return True
+
+    def comm_transport(self) -> str | None:
+        """The communication stack this run uses (gloo, nccl, mpi, grpc ...); None: the
+        catalogue's for the run's device."""
         return None
+
+    def scheme_options(self) -> dict:
+        """The option values that shape the scheme (a bucket size, a fusion threshold), as
+        this run applies them."""
+        return self.config.options
 
     def layer_backward_profile(self) -> list[tuple[str, float]]:
         """One local iteration (forward, backward without communication, no update) that

@@ -186,11 +186,8 @@ class CaffeMpiStyleTrainer(TorchTrainer):
             self.reducer.stop()
 
     # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
-    def comm_scheme(self):
-        """One MPI all-reduce per parameter tensor in reverse registration order, each as soon
-        as backward has made it final (WFBP); the separated profile sends the same messages."""
-        return {"label": "layer-wise MPI all-reduce", "overlap": True, "granularity": "tensor",
-                "profile_granularity": "tensor", "algorithm": "ring", "transport": "mpi"}
+    def comm_transport(self):
+        return "mpi"  # one MPI all-reduce per tensor, in reverse registration order
 
     def contention_probe(self, rounds):
         """TorchTrainer's probe, but the sending half arms this scheme's own communication

@@ -248,10 +248,10 @@ class CntkTrainer(Trainer):
         (DataParallelDistributedLearner::Update -> MPICommunicatorImpl::AggregateImpl). The
         algorithm is OpenMPI's choice for an in-place MPI_Iallreduce (libnbc's binomial
         tree); that is read from the sources, not measured."""
-        if not self.dist.distributed:
-            return None
-        return {"label": "CNTK data-parallel (MPI)", "overlap": False, "granularity": "tensor",
-                "profile_granularity": "tensor", "algorithm": "tree", "transport": "mpi"}
+        return super().comm_scheme()
+
+    def sends_gradients(self):
+        return self.dist.distributed
 
     def collective_times(self, sizes, repeats, warmup=2):
         if not self.dist.distributed:

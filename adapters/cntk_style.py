@@ -32,10 +32,5 @@ class CntkStyleTrainer(TorchTrainer):
         return {**super().describe(), "ddp_bucket_mb": None,
                 "scheme": "whole gradient all-reduced once after backward (no overlap)"}
 
-    def comm_scheme(self):
-        """The performance model's view: one ring all-reduce of the whole gradient after backward."""
-        return {"label": "whole gradient after backward", "overlap": False, "granularity": "whole",
-                "profile_granularity": "whole", "algorithm": "ring", "transport": self.backend}
-
 
 TRAINERS = {"allreduce": CntkStyleTrainer}

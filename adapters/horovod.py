@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from adapters.base import FrameworkUnavailable, PhaseTimer
 from adapters.pytorch import TorchTrainer
+from core import schemes as catalogue
 
 try:
     import horovod
@@ -63,9 +64,9 @@ except ImportError as error:  # this environment lacks Horovod: the run says so 
     hvd = None
     IMPORT_ERROR = error
 
-# Horovod 0.28.1's defaults (horovod/common/operations.cc), shown when no option is given.
-DEFAULT_FUSION_MB = 128.0
-DEFAULT_CYCLE_MS = 1.0
+# Horovod 0.28.1's defaults, shown when no option is given (the catalogue's options).
+DEFAULT_FUSION_MB = float(catalogue.OPTIONS["fusion_mb"].default)
+DEFAULT_CYCLE_MS = float(catalogue.OPTIONS["cycle_ms"].default)
 MODES = ("gloo", "mpi")
 
 
@@ -205,23 +206,14 @@ class HorovodTrainer(TorchTrainer):
         self.optimizer.synchronize()
 
     # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
-    def comm_scheme(self):
-        """Horovod in the model's terms. During backward each gradient is submitted when final;
-        every cycle the background thread fuses all that is ready (up to the threshold) into one
-        ring all-reduce: per-tensor messages merged by the model's cycle simulation
-        (`perfmodel.merge_by_cycle`, cycle_ms and the threshold). The greedy MG-WFBP merge used
-        before sent googlenet-tiny's 116 tensors as 4 messages where Horovod, waking every 1 ms
-        during a 47 ms backward, sends ~34. The separated profile submits everything at once:
-        buffers of at most the threshold. Fusion off (fusion_mb 0): one all-reduce per tensor."""
-        fusion_bytes = int(self.fusion_mb * 2 ** 20)
-        scheme = {"label": "Horovod tensor fusion", "overlap": True, "granularity": "tensor",
-                  "merge": "cycle" if fusion_bytes > 0 else None,
-                  "profile_granularity": "bucket" if fusion_bytes > 0 else "tensor",
-                  "algorithm": "ring", "transport": self.backend,
-                  "fusion_bytes": fusion_bytes, "cycle_ms": self.cycle_ms}
-        if fusion_bytes > 0:
-            scheme["bucket_bytes"] = fusion_bytes
-        return scheme
+    def scheme_options(self):
+        """The fusion threshold and cycle Horovod runs with (its variables, which a user may
+        also set). In the model: per-tensor messages merged by a simulation of the background
+        thread's cycles (`perfmodel.merge_by_cycle`): googlenet-tiny's 116 tensors go as ~34
+        messages during a 47 ms backward at 1 ms cycles (a greedy merge would send 4). The
+        separated profile submits everything at once: buffers of at most the threshold.
+        Fusion off (fusion_mb 0): one all-reduce per tensor."""
+        return {**self.config.options, "fusion_mb": self.fusion_mb, "cycle_ms": self.cycle_ms}
 
     def layer_backward_profile(self):
         """As TorchTrainer's (one iteration, no communication nor update; when each layer's

@@ -565,15 +565,13 @@ class JaxTrainer(Trainer):
             jax.distributed.shutdown()
 
     # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
-    def comm_scheme(self):
-        """The whole gradient packed into one buffer and all-reduced once backward has
-        finished, through XLA's collectives: gloo on CPUs, NCCL on GPUs."""
-        if not self.dist.distributed:
-            return None
-        transport = "nccl" if self.device.platform == "gpu" else "gloo"
-        return {"label": f"XLA all-reduce of the packed gradient ({transport})", "overlap": False,
-                "granularity": "whole", "profile_granularity": "whole", "algorithm": "ring",
-                "transport": transport}
+    def sends_gradients(self):
+        """The whole gradient is packed into one buffer and all-reduced once backward has
+        finished, through XLA's collectives, where there are several processes."""
+        return self.dist.distributed
+
+    def comm_transport(self):
+        return "nccl" if self.device.platform == "gpu" else "gloo"
 
     def collective_call(self, nbytes):
         """The adapter's own packed pmean of one float32 message (compiled per size in the

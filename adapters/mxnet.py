@@ -717,9 +717,7 @@ class PSLiteTrainer(MXNetTrainer):
         ones go whole to one server, so `servers` slices are exact only for the big tensors.
         (In-process modes reduce in this process's memory, which the model has no term for:
         their `comm_scheme` is None.)"""
-        return {"label": f"ps-lite push/pull ({self.config.mode})", "overlap": True,
-                "granularity": "tensor", "algorithm": "ps", "servers": self.config.servers,
-                "profile_granularity": "tensor", "transport": "ps-lite"}
+        return super().comm_scheme()
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """Push and pull through the dist kvstore (the servers sum every worker's push) of

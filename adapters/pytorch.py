@@ -18,6 +18,7 @@ from torch import nn
 
 from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer
 from adapters.data import SyntheticBatches, decode_jpeg, list_jpeg_dataset
+from core import schemes as catalogue
 from models import layers as L
 
 
@@ -209,7 +210,7 @@ class TorchTrainer(Trainer):
     @property
     def bucket_mb(self) -> float:
         """DDP's gradient bucket size (options.bucket_mb; PyTorch's default 25 MB)."""
-        return float(self.config.options.get("bucket_mb", 25))
+        return float(self.config.options.get("bucket_mb", catalogue.OPTIONS["bucket_mb"].default))
 
     @property
     def backend(self) -> str:
@@ -381,13 +382,16 @@ class TorchTrainer(Trainer):
             dist.destroy_process_group()
 
     # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
+    def comm_transport(self):
+        return self.backend
+
     def comm_scheme(self):
-        """DDP: gradient buckets (bucket_mb, the first one 1 MiB) ring-all-reduced over gloo or
-        NCCL as backward fills them; its separated profile all-reduces the whole gradient."""
-        return {"label": "DDP buckets", "overlap": True, "granularity": "bucket",
-                "bucket_bytes": int(self.bucket_mb * 2 ** 20),
-                "first_bucket_bytes": int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2 ** 20)),
-                "profile_granularity": "whole", "algorithm": "ring", "transport": self.backend}
+        """The catalogue's description, with DDP's first bucket as this torch sizes it."""
+        scheme = super().comm_scheme()
+        if scheme is not None and "first_bucket_bytes" in scheme:
+            scheme["first_bucket_bytes"] = int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES",
+                                                       scheme["first_bucket_bytes"]))
+        return scheme
 
     def layer_backward_profile(self):
         """One iteration without communication or update; a post-accumulate-grad hook on each

@@ -8,7 +8,8 @@ after one SGD step from the same canonical weights and batch. Two dumps agree wh
     optimizer's and batch norm's update conventions, not only the gradients)
 are within the model's tolerance.
 
-Tolerances (relative, float32 on CPU), measured rather than guessed: see TOLERANCE. The loss
+Tolerances (relative, float32 on CPU), measured rather than guessed: the model catalogue's
+(`models.ModelFacts.tolerance`, the table below says how they were measured). The loss
 agrees to ~1e-6 on every model, so its limit is tight and catches forward-convention mistakes
 (an LRN alpha not divided by size, a pooling window off by one, a transposed weight). Gradient
 agreement is model-dependent, because two correct float32 implementations differ by more than
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from models import model_facts
+
 # Measured at batch 2, seed 0 (torch vs tf; "f64": PyTorch float32 against float64, the float32
 # noise floor). Worst gradient tensor:     torch vs tf   torch f32 vs f64
 #   alexnet-tiny                           1.4e-06       -
@@ -35,10 +38,12 @@ import numpy as np
 #   googlenet                              3.4e-04       2.7e-04
 #   resnet50 (BN over 2 samples)           2.5e-02       1.7e-02
 # Loss: at most 1.9e-05 (resnet50-tiny), otherwise <= 1e-6.
-TOLERANCE = {"alexnet-tiny": 1e-4, "googlenet-tiny": 1e-4, "resnet50-tiny": 5e-3,
-             "alexnet": 5e-2, "googlenet": 3e-3, "resnet50": 1e-1}
-DEFAULT_TOLERANCE = 1e-3  # a model not measured yet
 LOSS_TOLERANCE = 1e-4
+
+
+def tolerance(model: str) -> float:
+    """The model's gradient tolerance (the model catalogue's)."""
+    return model_facts(model).tolerance
 TINY = 1e-30
 
 

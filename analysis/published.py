@@ -26,7 +26,7 @@ from pathlib import Path
 from analysis import perfmodel as pm
 from analysis.cluster import ClusterSpec, efficiency_for_throughput, parse_cluster
 from analysis.units import parse_flops
-from analysis.whatif import STUDY_SCHEMES
+from analysis.whatif import WhatIfError, gpu_scheme, priced_scheme
 from analysis.workload import BYTES_PER_FLOAT, UPDATE_BYTES_PER_PARAM, flops_per_sample, flops_profile
 from models import get_model
 
@@ -102,8 +102,10 @@ def load_cases(path: Path = DEFAULT_PATH) -> tuple[dict, list[Case]]:
         try:
             if case["source"] not in sources:
                 raise PublishedError(f"{where}: unknown source {case['source']!r}")
-            if case["scheme"] not in STUDY_SCHEMES:
-                raise PublishedError(f"{where}: unknown scheme {case['scheme']!r}")
+            try:
+                scheme_name = priced_scheme(case["scheme"]).name
+            except WhatIfError as error:
+                raise PublishedError(f"{where}: {error}") from None
             nodes = tuple(int(n) for n in case["nodes"])
             servers = tuple(case.get("servers") or [None] * len(nodes))
             published = _published(case, where)
@@ -111,7 +113,7 @@ def load_cases(path: Path = DEFAULT_PATH) -> tuple[dict, list[Case]]:
                 raise PublishedError(f"{where}: nodes, servers and the published values differ in length")
             spec = _calibrated(_cluster(data, case["cluster"], transports, Path(path)), case["model"],
                                case["one_worker"])
-            cases.append(Case(case["source"], spec, case["model"], case["scheme"], case.get("scheme_changes", {}),
+            cases.append(Case(case["source"], spec, case["model"], scheme_name, case.get("scheme_changes", {}),
                               case["transport"],
                               int(case["batch_per_worker"]), int(case["workers_per_node"]), nodes, servers,
                               published, case.get("assumed", "")))
@@ -129,7 +131,7 @@ def _flat(scheme: pm.Scheme, spec: ClusterSpec, topology: pm.Topology, servers: 
 def predict_case(case: Case) -> list[dict]:
     """Per node count: published and predicted efficiency (hierarchical and flat), their
     errors in points, and the predicted bottleneck."""
-    scheme = pm.Scheme.from_dict({**STUDY_SCHEMES[case.scheme].scheme.as_dict(), **case.changes})
+    scheme = pm.Scheme.from_dict({**gpu_scheme(priced_scheme(case.scheme)).scheme.as_dict(), **case.changes})
     device = case.cluster.device
     profile = flops_profile(case.model, case.batch, device.sustained_flops, device.host_to_device,
                             device.memory_bandwidth)

@@ -11,9 +11,9 @@ speedup S = N t(1) / t(N) and efficiency E = S / N against one worker of the sam
 the communication left exposed after backward, and the bottleneck
 (`perfmodel.bottleneck`).
 
-The study's schemes (`STUDY_SCHEMES`, by their CLI names) are described as their adapters
-describe themselves (`Trainer.comm_scheme()`) on GPUs, with the topology their framework
-uses (perfmodel's table); the catalogue (`CATALOGUE`) holds textbook schemes.
+Every scheme comes from the scheme catalogue (`core.schemes`): the frameworks' schemes
+(`STUDY_SCHEMES`, by their catalogue names) as they run on GPUs, the textbook ones
+(`CATALOGUE`) as the model prices them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Callable
 import pandas as pd
 
 from analysis import perfmodel as pm
+from core import schemes as catalogue
 from analysis import tables
 from analysis.cluster import ClusterSpec
 from analysis.palette import colour
@@ -41,61 +42,47 @@ class WhatIfError(ValueError):
 
 @dataclass(frozen=True)
 class StudyScheme:
-    """A study scheme in the model's terms on a GPU cluster, and its transport."""
+    """A catalogue scheme in the model's terms on a GPU cluster, and its transport there."""
 
     label: str
     scheme: pm.Scheme
     transport: str
 
 
-STUDY_SCHEMES: dict[str, StudyScheme] = {
-    "torch:ddp": StudyScheme("PyTorch DDP", pm.Scheme(
-        "DDP: 25 MiB buckets, NCCL ring", overlap=True, granularity="bucket", bucket_bytes=25 * MIB,
-        first_bucket_bytes=MIB, profile_granularity="whole"), "nccl"),
-    "horovod": StudyScheme("Horovod", pm.Scheme(
-        "Horovod: 1 ms cycles, 128 MiB fusion, NCCL ring", overlap=True, granularity="tensor", merge="cycle",
-        cycle_s=1e-3, bucket_bytes=128 * MIB, profile_granularity="bucket"), "nccl"),
-    "horovod:hierarchical": StudyScheme("Horovod (hierarchical)", pm.Scheme(
-        "Horovod hierarchical all-reduce", overlap=True, granularity="tensor", merge="cycle", cycle_s=1e-3,
-        bucket_bytes=128 * MIB, profile_granularity="bucket", topology="two_level"), "nccl"),
-    "cntk-style": StudyScheme("CNTK-style", pm.Scheme(
-        "whole gradient after backward, NCCL ring"), "nccl"),
-    "caffe-mpi-style": StudyScheme("Caffe-MPI-style", pm.Scheme(
-        "layer-wise MPI all-reduce during backward", overlap=True, granularity="tensor"), "mpi"),
-    "tf:collective": StudyScheme("TensorFlow collective", pm.Scheme(
-        "whole gradient after backward, NCCL ring"), "nccl"),
-    "tf:ps": StudyScheme("TensorFlow ps", pm.Scheme(
-        "SyncReplicasOptimizer push/pull per variable", granularity="tensor", algorithm="ps", servers=1), "grpc"),
-    "mxnet:dist_sync": StudyScheme("MXNet dist_sync", pm.Scheme(
-        "ps-lite push/pull per tensor during backward", overlap=True, granularity="tensor", algorithm="ps",
-        servers=1), "ps-lite"),
-    "mxnet:dist_device_sync": StudyScheme("MXNet dist_device_sync", pm.Scheme(
-        "local reduce, one ps-lite push/pull per node", overlap=True, granularity="tensor", algorithm="ps",
-        servers=1, topology="local_reduce"), "ps-lite"),
-}
-# `--schemes torch` etc.: a framework's name alone is its first mode here, as on compare's
-ALIASES: dict[str, str] = {"torch": "torch:ddp", "tf": "tf:collective", "mxnet": "mxnet:dist_sync",
-                           "cntk-style:allreduce": "cntk-style", "caffe-mpi-style:mpi": "caffe-mpi-style",
-                           "horovod:gloo": "horovod", "horovod:mpi": "horovod", "horovod:nccl": "horovod"}
+def gpu_scheme(info: catalogue.SchemeInfo) -> StudyScheme:
+    """How `info` runs on a GPU cluster (`SchemeInfo.describe` on a GPU, default options)."""
+    described = info.describe(device="gpu")
+    return StudyScheme(info.label, pm.Scheme.from_dict({**described, "name": info.label}),
+                       described["transport"])
 
-CATALOGUE: dict[str, pm.Scheme] = {
-    "no-overlap": pm.Scheme("no overlap: whole gradient after backward"),
-    "wfbp": pm.Scheme("WFBP: per layer during backward", overlap=True, granularity="layer"),
-    "mgwfbp": pm.Scheme("MG-WFBP-style merged layers", overlap=True, granularity="layer", merge="greedy"),
-    "buckets": pm.Scheme("25 MB buckets (DDP-like)", overlap=True, granularity="bucket",
-                         bucket_bytes=25 * MIB, first_bucket_bytes=MIB),
-    "fusion": pm.Scheme("Horovod-like fusion: 1 ms cycles, 128 MB buffer", overlap=True, granularity="tensor",
-                        merge="cycle", cycle_s=1e-3, bucket_bytes=128 * MIB),
-    "ps": pm.Scheme("parameter server, per layer", overlap=True, granularity="layer", algorithm="ps", servers=1),
-}
-# the transport whose software cost a catalogue scheme pays on a described cluster
-CATALOGUE_TRANSPORT = {"ps": "ps-lite"}
-DEFAULT_CATALOGUE_TRANSPORT = "nccl"
+
+def _study_names() -> list[str]:
+    """The frameworks' schemes the what-if offers on a cluster: synchronous, priced by the
+    model, spanning nodes; of modes that run alike on GPUs (Horovod's gloo and MPI
+    controllers both move gradients over NCCL) the first."""
+    seen, out = set(), []
+    for info in catalogue.FRAMEWORK_SCHEMES:
+        if not (info.modelled and info.synchronous and not info.one_process):
+            continue
+        described = info.describe(device="gpu")
+        key = (info.framework, tuple(sorted((k, str(v)) for k, v in described.items() if k != "label")))
+        if key not in seen:
+            seen.add(key)
+            out.append(info.name)
+    return out
+
+
+STUDY_SCHEMES: dict[str, StudyScheme] = {name: gpu_scheme(catalogue.SCHEMES[name]) for name in _study_names()}
+CATALOGUE: dict[str, pm.Scheme] = {name: pm.Scheme.from_dict({**catalogue.SCHEMES[name].model,
+                                                               "name": catalogue.SCHEMES[name].label})
+                                   for name in catalogue.TEXTBOOK}
 
 
 def scheme_names(text_items: list[str], extra: tuple[str, ...] = ()) -> list[str]:
-    """The schemes of --schemes: study names (aliases resolved), catalogue names, `extra`
-    words (e.g. 'stored'), 'study' for every study scheme, 'all' for study and catalogue."""
+    """The schemes of --frameworks: catalogue names (``FRAMEWORK:MODE``, a framework alone for
+    its first mode, textbook schemes), `extra` words (e.g. 'stored'), 'study' for the
+    frameworks' schemes, 'all' for those and the textbook ones.  A scheme the model has no
+    terms for is refused with the reason."""
     out: list[str] = []
     for item in text_items:
         key = item.strip().lower()
@@ -103,18 +90,28 @@ def scheme_names(text_items: list[str], extra: tuple[str, ...] = ()) -> list[str
             out += [*STUDY_SCHEMES, *CATALOGUE]
         elif key == "study":
             out += list(STUDY_SCHEMES)
-        elif key in extra or key in CATALOGUE or key in STUDY_SCHEMES:
+        elif key in extra:
             out.append(key)
-        elif key in ALIASES:
-            out.append(ALIASES[key])
         else:
-            known = ", ".join(["all", "study", *extra, *STUDY_SCHEMES, *CATALOGUE])
-            raise WhatIfError(f"unknown scheme {item!r} (known: {known})")
+            out.append(priced_scheme(key).name)
     return list(dict.fromkeys(out))
 
 
+def priced_scheme(name: str) -> catalogue.SchemeInfo:
+    """The catalogue's scheme `name`, which the model must be able to price (WhatIfError)."""
+    try:
+        info = catalogue.resolve(name)
+    except catalogue.UnknownScheme as error:
+        raise WhatIfError(f"{error}; also all, study") from None
+    if not info.modelled:
+        raise WhatIfError(f"{info.name}: {info.unmodelled}")
+    if not info.synchronous:
+        raise WhatIfError(f"{info.name} is asynchronous: the model prices synchronous iterations only")
+    return info
+
+
 def catalogue_scheme(key: str, algorithm: str = "ring", servers: int | None = None) -> pm.Scheme:
-    """A catalogue scheme with the --algorithm and --ps choices applied."""
+    """A textbook scheme with the --algorithm and --ps choices applied."""
     scheme = CATALOGUE[key]
     if algorithm != "ring" and scheme.algorithm != "ps":
         scheme = pm.Scheme.from_dict({**scheme.as_dict(), "algorithm": algorithm, "name": f"{scheme.name}, {algorithm}"})
@@ -179,12 +176,12 @@ def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile,
     out = []
     link = (spec.inter.bandwidth, spec.inter.latency)
     for name in names:
-        if name in STUDY_SCHEMES:
-            study = STUDY_SCHEMES[name]
-            scheme, label, transport = study.scheme, study.label, study.transport
-        else:
+        if name in CATALOGUE:
             scheme = catalogue_scheme(name, algorithm, servers)
-            label, transport = scheme.name, CATALOGUE_TRANSPORT.get(name, DEFAULT_CATALOGUE_TRANSPORT)
+            label, transport = scheme.name, catalogue.SCHEMES[name].transport
+        else:
+            study = STUDY_SCHEMES.get(name) or gpu_scheme(priced_scheme(name))
+            scheme, label, transport = study.scheme, study.label, study.transport
         out.append(Candidate(name, label, scheme, profile, source,
                              cluster_cost(spec, scheme, transport, servers), link, spec.contention, batch))
     return out

@@ -59,8 +59,9 @@ from bench import run_command
 from core.cli import OneLineParser, fail
 from core.envs import REPO_ROOT, ensure_environment, reexec_in_host_env
 from launchers.interpreters import InterpreterError, probe_interpreter, versions_line
+from models import model_facts
 
-STUDY_BATCH = {"alexnet": 1024, "googlenet": 128, "resnet50": 32}  # the study's per-GPU batches
+STUDY_BATCH = {name: model_facts(name).default_batch["gpu"] for name in ("alexnet", "googlenet", "resnet50")}
 TINY_BATCH = {"alexnet-tiny": 4}
 GPU_TIMING = {"--warmup": 3, "--iterations": 5, "--repeats": 3, "--profile-iterations": 3}
 # three profile iterations even tiny: their median leaves out a first one that compiles (JAX)

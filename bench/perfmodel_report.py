@@ -21,18 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from core import schemes as catalogue
 from core.cli import OneLineParser
 from core.envs import REPO_ROOT, reexec_in_host_env
 
-SCHEMES = [
-    ("torch", "PyTorch DDP", "ddp", {"overlap": True, "granularity": "bucket", "bucket_bytes": 25 * 2 ** 20,
-                                     "first_bucket_bytes": 2 ** 20, "profile_granularity": "whole",
-                                     "algorithm": "ring", "transport": "gloo"}),
-    ("cntk-style", "CNTK-style", "allreduce", {"overlap": False, "granularity": "whole", "transport": "gloo"}),
-    ("caffe-mpi-style", "Caffe-MPI-style", "mpi", {"overlap": True, "granularity": "tensor", "transport": "mpi"}),
-    ("tf", "TensorFlow", "collective", None),  # no scheme described: assumed
-    ("mxnet", "MXNet", "dist_sync", None),
-]
+# the catalogue's descriptions of three; two records without one (the model assumes a scheme)
+DESCRIBED = ("torch:ddp", "cntk-style:allreduce", "caffe-mpi-style:mpi")
+SCHEMES = [(info.framework, info.label, info.mode, info.describe() if info.name in DESCRIBED else None)
+           for info in (catalogue.SCHEMES[name] for name in (*DESCRIBED, "tf:collective", "mxnet:dist_sync"))]
 TOPOLOGIES = [(1, 1), (1, 2), (1, 4), (2, 2)]  # (nodes, world size)
 
 

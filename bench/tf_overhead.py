@@ -24,8 +24,8 @@ import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
 from core.cli import OneLineParser
+from models import model_facts
 
-DEFAULT_BATCH = {"alexnet": 16, "googlenet": 8, "resnet50": 4}  # launchers/plan.py (CPU)
 
 
 def keras_model(spec, weights, dropout: bool):
@@ -187,7 +187,7 @@ def main() -> int:
                       "keras": tf.keras.__name__, "cpu_count": os.cpu_count(),
                       "threads": threads}), flush=True)
     for model in args.models.split(","):
-        batch = args.batch or DEFAULT_BATCH.get(model, 16)
+        batch = args.batch or model_facts(model).default_batch["cpu"]
         print(json.dumps(measure(model, batch, args.iterations, args.rounds, threads)),
               flush=True)
     return 0

@@ -55,7 +55,7 @@ def build_parser() -> OneLineParser:
 
 
 def validate(args):
-    from analysis.equivalence import DEFAULT_TOLERANCE, TOLERANCE  # host env: NumPy
+    from analysis.equivalence import tolerance  # host env: NumPy
     from models import MODEL_NAMES  # host env: NumPy
 
     entries = [part.strip() for part in args.frameworks.split(",") if part.strip()]
@@ -75,8 +75,7 @@ def validate(args):
         raise UsageError("--tolerance must be positive")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    tolerance = args.tolerance or TOLERANCE.get(args.model, DEFAULT_TOLERANCE)
-    return frameworks, tolerance
+    return frameworks, args.tolerance or tolerance(args.model)
 
 
 def run_framework(info, mode: str, args, out: Path, python: str,

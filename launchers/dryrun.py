@@ -8,8 +8,9 @@ The estimate of a run, in order of preference:
    interrupted): its start-up (wall time minus its steps) plus the new number of steps at its
    measured iteration time;
 2. a stored one-worker run of the same model and per-worker batch (any scheme): its iteration
-   time, scaled by the workers sharing a machine, plus the framework's start-up below;
-3. the measured defaults below.
+   time, scaled by the workers sharing a machine, plus the run's start-up (`startup_s`);
+3. the measured defaults: the model catalogue's seconds per step and sample
+   (`models.ModelFacts.step_s_per_sample`) and the start-up.
 
 A run takes warm-up + iterations × repeats steps, plus three kinds of profile iterations (run
 after backward, the framework's own way, and per-layer backward timing).  On a CPU, the workers on
@@ -26,10 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from adapters.base import RunConfig
+from core import schemes as catalogue
 from core.envs import EnvUnavailable, environment_for
 from launchers import plan as planning
 from launchers.engine import EngineError, find_engine
 from launchers.images import default_base, image_for
+from models import model_facts
 
 MEASURED = "2026-12 on a 2-core CPU VM (Debian 12, Python 3.11; pip's cache warm)"
 
@@ -42,19 +45,6 @@ ENV_BUILD_S: dict[str, float] = {"host": 38, "torch": 42, "torch-mpi": 242, "tf"
 # the Debian base image (debootstrap) once for all of them.
 IMAGE_BUILD_S: dict[str, float] = {"base": 120, "pytorch": 1131, "tensorflow": 145, "mxnet": 63}
 
-# Seconds a run spends outside its training steps (processes, framework import, rendezvous,
-# model and weights, the record), from campaigns of the tiny models on MEASURED; a full-size
-# model adds the making of its canonical weights and its graph (MODEL_STARTUP_S).
-STARTUP_S: dict[str, float] = {"torch": 4.0, "cntk-style": 4.5, "caffe-mpi-style": 5.0, "horovod": 6.5,
-                               "tf": 11.0, "mxnet": 5.5, "cntk": 2.0, "jax": 7.5}
-DEFAULT_STARTUP_S = 6.0
-MODEL_STARTUP_S: dict[str, float] = {"alexnet": 6.0, "googlenet": 6.0, "resnet50": 5.0}
-# JAX compiles its step first: googlenet-tiny's graph takes this much longer than alexnet-tiny's.
-COMPILE_S: dict[tuple[str, str], float] = {("jax", "googlenet-tiny"): 35.0}
-# Seconds per training step per sample of the batch, one worker with one thread (PyTorch on
-# MEASURED, median of 5-20 steps after 2 of warm-up; batch 16, googlenet 8, resnet50 4).
-STEP_S_PER_SAMPLE: dict[str, float] = {"alexnet-tiny": 0.00176, "googlenet-tiny": 0.0042, "resnet50-tiny": 0.0045,
-                                       "alexnet": 0.104, "googlenet": 0.252, "resnet50": 0.444}
 # T threads make a step T ** THREAD_EXPONENT times faster (resnet50: 1.82x with 2 threads).
 THREAD_EXPONENT = 0.8
 
@@ -131,11 +121,19 @@ def _stored_step(stored: pd.DataFrame, run: RunConfig) -> float | None:
     return float(same["iter_time_median"].median()) if len(same) else None
 
 
+def startup_s(framework: str, model: str) -> float:
+    """Seconds a run spends outside its training steps: the framework's start-up, what the
+    model's weights and graph add, and compiling the model's step (the catalogues' facts)."""
+    facts = catalogue.FRAMEWORKS.get(framework)
+    if facts is None:
+        return catalogue.DEFAULT_STARTUP_S + model_facts(model).startup_s
+    return facts.startup_s + model_facts(model).startup_s + facts.compile_s.get(model, 0.0)
+
+
 def estimate_run(run: RunConfig, stored: pd.DataFrame) -> tuple[float | None, str]:
     """(seconds, where the estimate came from) for one run; None where nothing is known (a GPU
     with no stored run)."""
-    startup = (STARTUP_S.get(run.framework, DEFAULT_STARTUP_S) + MODEL_STARTUP_S.get(run.model, 0.0)
-               + COMPILE_S.get((run.framework, run.model), 0.0))
+    startup = startup_s(run.framework, run.model)
     same = _stored_same(stored, run) if len(stored) else None
     if same is not None:
         step = float(same["iter_time_median"])
@@ -147,7 +145,7 @@ def estimate_run(run: RunConfig, stored: pd.DataFrame) -> tuple[float | None, st
     if one is not None:  # that run had every core: slower by the cores the run's workers share
         cores = max(1, int(stored["threads_per_worker"].max() or 1))
         return startup + steps_of(run) * one * (cores / threads) ** THREAD_EXPONENT, "stored"
-    per_sample = STEP_S_PER_SAMPLE.get(run.model)
+    per_sample = model_facts(run.model).step_s_per_sample
     if per_sample is None or run.device != "cpu":
         return None, "unknown"
     return startup + steps_of(run) * per_sample * run.batch_per_worker / threads ** THREAD_EXPONENT, "defaults"

@@ -19,40 +19,14 @@ from pathlib import Path
 from adapters.base import RunConfig
 from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
 from analysis.units import parse_bandwidth, parse_latency
+from core import schemes as catalogue
 from launchers.cluster import DEFAULT_TRANSPORT, Transport, TransportError, transport_for
-from models import MODEL_NAMES, get_model
-
-# Per-worker batch when --batch-size is not given. GPU values are the study's per-GPU batches;
-# CPU values keep one full-model iteration near a second on a small machine.
-DEFAULT_BATCH = {
-    "gpu": {"alexnet": 1024, "googlenet": 128, "resnet50": 32},
-    "cpu": {"alexnet": 16, "googlenet": 8, "resnet50": 4},
-}
-DEFAULT_TINY_BATCH = 16
+from models import MODEL_NAMES, get_model, model_facts
 
 # Precisions a campaign may ask for (--dtype): float32 (on a GPU without TF32 math), tf32
 # (float32 storage, TF32 tensor-core math), bfloat16 (mixed precision: bfloat16 compute,
 # float32 weights). An adapter that cannot run one reports the run as unavailable.
 DTYPES = ("float32", "tf32", "bfloat16")
-
-# Adapter options a campaign may set (--option KEY=VALUE): each adapter reads those it knows
-# and records what it used; a key not listed here is a typo, not a silent no-op.
-ADAPTER_OPTIONS: dict[str, str] = {
-    "cudnn_benchmark": "PyTorch on a GPU: cuDNN autotuning (true, the default, or false)",
-    "pinned": "PyTorch on a GPU: batches copied from page-locked memory (true, the default) "
-              "or from pageable memory (false)",
-    "share_gpu": "PyTorch: more ranks than GPUs share them (over gloo: NCCL refuses two ranks "
-                 "on one GPU)",
-    "bucket_mb": "PyTorch DDP: gradient bucket size in MB (25)",
-    "fusion_mb": "Horovod: tensor fusion buffer in MB",
-    "cycle_ms": "Horovod: background cycle in ms",
-    "xla": "TensorFlow: XLA compilation",
-    "bytes_per_pack": "TensorFlow collective: bytes per gradient pack",
-    "ps_strategy": "TensorFlow ps: variable placement",
-    "inter_op_threads": "TensorFlow: inter-op threads",
-    "mxnet_bn_running_var": "MXNet: 'biased' keeps MXNet's own batch-norm running variance",
-}
-
 
 class UsageError(ValueError):
     """Bad input; main() prints it as one line and exits with code 2."""
@@ -119,7 +93,8 @@ def default_workers(device: str, gpus: int) -> list[int]:
 
 
 def default_batch(model: str, device: str) -> int:
-    return DEFAULT_BATCH[device].get(model, DEFAULT_TINY_BATCH)
+    """The per-worker batch when --batch-size is not given (the model catalogue's)."""
+    return model_facts(model).default_batch[device]
 
 
 def parse_batch_sizes(text: str | None, models: list[str]) -> list[int] | dict[str, list[int]] | None:
@@ -153,9 +128,9 @@ def parse_options(items: list[str] | None) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not value.strip():
             raise UsageError(f"--option takes KEY=VALUE, got {item!r}")
-        if key.strip() not in ADAPTER_OPTIONS:
+        if key.strip() not in catalogue.OPTIONS:
             raise UsageError(f"--option: unknown key {key.strip()!r} (known: "
-                             f"{', '.join(sorted(ADAPTER_OPTIONS))}; the layout is --channels-last)")
+                             f"{', '.join(sorted(catalogue.OPTIONS))}; the layout is --channels-last)")
         try:
             options[key.strip()] = json.loads(value.strip())
         except json.JSONDecodeError:
@@ -210,7 +185,7 @@ class Campaign:
     workers: list[int]
     nodes: list[int]
     servers: list[int]
-    # a list for every model, a list per model (others: DEFAULT_BATCH), or None: DEFAULT_BATCH
+    # a list for every model, a list per model (others: the default), or None: default_batch
     batch_sizes: list[int] | dict[str, list[int]] | None
     iterations: int
     warmup: int
@@ -232,7 +207,7 @@ class Campaign:
     latencies: list[str | None] = field(default_factory=lambda: [None])
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
     dtype: str = "float32"  # DTYPES
-    options: dict = field(default_factory=dict)  # --option: ADAPTER_OPTIONS for every run
+    options: dict = field(default_factory=dict)  # --option: catalogue.OPTIONS for every run
     python: dict[str, str] = field(default_factory=dict)  # framework -> interpreter (--python)
 
     def batches_for(self, model: str) -> list[int]:

@@ -13,7 +13,9 @@ milliseconds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 from .layers import LRN, BatchNorm, Concat, Conv2d, Dropout, Flatten, Linear, Pool2d, ReLU, \
     Residual, Sequential
@@ -205,30 +207,57 @@ def resnet50(tiny: bool = False) -> ModelSpec:
     )
 
 
-# --------------------------------------------------------------------------- registry
+# --------------------------------------------------------------------------- catalogue
 
-_BUILDERS = {
-    "alexnet": lambda: alexnet(),
-    "googlenet": lambda: googlenet(),
-    "resnet50": lambda: resnet50(),
-    "alexnet-tiny": lambda: alexnet(tiny=True),
-    "googlenet-tiny": lambda: googlenet(tiny=True),
-    "resnet50-tiny": lambda: resnet50(tiny=True),
+@dataclass(frozen=True)
+class ModelFacts:
+    """What dlcompare knows of a network besides its layers.
+
+    - ``default_batch``: the per-worker batch when a campaign gives none, per device: on a
+      GPU the study's per-GPU batch, on a CPU one that keeps a full-model iteration near a
+      second on a small machine;
+    - ``tolerance``: the relative gradient error two correct float32 frameworks may show
+      (``analysis.equivalence``: measured at batch 2, seed 0, torch against tf, about 4-10x the
+      worst tensor and above PyTorch's own float32-vs-float64 error; kinks of ReLU and
+      max-pool and batch norm over 2 samples make it model-dependent);
+    - ``step_s_per_sample``: seconds per training step per sample, one worker with one thread
+      (PyTorch on a 2-core CPU VM, 2026-12, median of 5-20 steps after 2 of warm-up), and
+      ``startup_s``: what making its canonical weights and graph adds to a run's start-up;
+      both feed the dry run's estimate.
+    """
+
+    build: Callable[[], ModelSpec]
+    default_batch: dict
+    tolerance: float
+    step_s_per_sample: float | None = None
+    startup_s: float = 0.0
+
+
+TINY_BATCH = {"gpu": 16, "cpu": 16}
+
+MODELS: dict[str, ModelFacts] = {
+    "alexnet": ModelFacts(lambda: alexnet(), {"gpu": 1024, "cpu": 16}, 5e-2, 0.104, 6.0),
+    "googlenet": ModelFacts(lambda: googlenet(), {"gpu": 128, "cpu": 8}, 3e-3, 0.252, 6.0),
+    "resnet50": ModelFacts(lambda: resnet50(), {"gpu": 32, "cpu": 4}, 1e-1, 0.444, 5.0),
+    "alexnet-tiny": ModelFacts(lambda: alexnet(tiny=True), TINY_BATCH, 1e-4, 0.00176),
+    "googlenet-tiny": ModelFacts(lambda: googlenet(tiny=True), TINY_BATCH, 1e-4, 0.0042),
+    "resnet50-tiny": ModelFacts(lambda: resnet50(tiny=True), TINY_BATCH, 5e-3, 0.0045),
 }
-MODEL_NAMES = tuple(_BUILDERS)
+MODEL_NAMES = tuple(MODELS)
 
 
 class UnknownModel(ValueError):
     """A model name the zoo does not know."""
 
 
+def model_facts(name: str) -> ModelFacts:
+    try:
+        return MODELS[name]
+    except (KeyError, TypeError):
+        raise UnknownModel(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})") from None
+
+
 @lru_cache(maxsize=None)
 def get_model(name: str) -> ModelSpec:
     """The ModelSpec called `name` (specs are immutable, so one instance is shared)."""
-    try:
-        builder = _BUILDERS[name]
-    except (KeyError, TypeError):
-        raise UnknownModel(
-            f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})"
-        ) from None
-    return builder()
+    return model_facts(name).build()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis import figures, palette
+from core import schemes as catalogue
 from analysis.store import ResultStore
 from tests.test_analysis_data import make_campaign, make_record
 
@@ -98,9 +99,9 @@ def test_nine_schemes_fit_one_readable_figure(tmp_path):
     assert len(colours) == 9 and len(set(colours.values())) == 9
 
 
-def test_palette_is_fixed_for_registry_names_and_stable_for_others():
-    assert palette.scheme_colour("torch", "ddp") == palette.SCHEME_COLOURS["torch"]
-    assert palette.scheme_name("tf", "ps") == "tf:ps" and palette.scheme_name("cntk-style", "allreduce") == "cntk-style"
+def test_palette_is_fixed_for_catalogue_names_and_stable_for_others():
+    assert palette.scheme_colour("torch", "ddp") == palette.scheme_colour("torch") == palette.SCHEME_COLOURS["torch:ddp"]
+    assert palette.scheme_colour("tf", "ps") == catalogue.SCHEMES["tf:ps"].colour
     assert len(set(palette.SCHEME_COLOURS.values())) == len(palette.SCHEME_COLOURS)
     unknown = palette.scheme_colour("newfw", "ring")
     assert re.fullmatch(r"#[0-9A-F]{6}", unknown) and unknown not in palette.SCHEME_COLOURS.values()

@@ -12,8 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core import schemes as catalogue
 from launchers import compare, dryrun
 from launchers import plan as planning
+from models import model_facts
 from tests.conftest import REPO_ROOT, run_cli
 
 EXAMPLE = REPO_ROOT / "examples" / "campaign.yaml"
@@ -129,7 +131,8 @@ def test_duration_from_the_measured_defaults_by_hand():
     run = planning.expand(campaign_of())[1]  # torch, 1 node x 2 workers: 1 thread each
     assert (run.workers_per_node, run.threads_per_worker) == (2, 1)
     steps = 3 + 10 * 3 + 3 * 3
-    expected = dryrun.STARTUP_S["torch"] + steps * dryrun.STEP_S_PER_SAMPLE["alexnet-tiny"] * 16
+    expected = (catalogue.FRAMEWORKS["torch"].startup_s
+                + steps * model_facts("alexnet-tiny").step_s_per_sample * 16)
     assert dryrun.estimate_run(run, pd.DataFrame()) == (pytest.approx(expected), "defaults")
     gpu = planning.expand(campaign_of(device="gpu"))[0]
     assert dryrun.estimate_run(gpu, pd.DataFrame()) == (None, "unknown")

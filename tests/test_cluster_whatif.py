@@ -12,6 +12,7 @@ import pytest
 
 from adapters.registry import FRAMEWORKS
 from analysis import cluster, compose, palette, predict, published, whatif
+from core import schemes as catalogue
 from analysis import perfmodel as pm
 from analysis.calibration import CalibrationFit
 from analysis.workload import flops_per_sample, flops_profile
@@ -97,7 +98,7 @@ def test_cli_bad_cluster_input_exits_2_with_one_line(tmp_path, capsys):
     bad = write(tmp_path, SMALL.replace("[device]", "[device]\ncolour = \"green\""))
     for argv, needle in (([str(bad)], "unknown key device.colour"),
                          ([str(tmp_path / "none.toml")], "cannot read cluster file"),
-                         ([str(EXAMPLE), "--frameworks", "torch:zero"], "unknown scheme"),
+                         ([str(EXAMPLE), "--frameworks", "torch:zero"], "unknown mode 'zero' for torch"),
                          ([str(EXAMPLE), "--model", "vgg99"], "vgg99"),
                          ([str(write(tmp_path, SMALL.replace("batch_per_worker = 16\n", ""), "b.toml"))],
                           "--batch-size")):
@@ -193,24 +194,30 @@ def test_cluster_cli_runs_as_a_user_runs_it():
                      timeout=120)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [(r["scheme"], r["nodes"], r["workers_per_node"]) for r in rows] == [("horovod", 4, 4), ("tf:ps", 4, 4)]
+    assert [(r["scheme"], r["nodes"], r["workers_per_node"]) for r in rows] == [("horovod:gloo", 4, 4), ("tf:ps", 4, 4)]
 
 
-def test_scheme_names_and_the_registry():
-    assert whatif.scheme_names(["torch", "Horovod:gloo", "mgwfbp"]) == ["torch:ddp", "horovod", "mgwfbp"]
+def test_scheme_names_come_from_the_catalogue():
+    assert whatif.scheme_names(["torch", "Horovod:gloo", "mgwfbp", "jax", "cntk"]) == [
+        "torch:ddp", "horovod:gloo", "mgwfbp", "jax:allreduce", "cntk:mpi"]
     assert whatif.scheme_names(["all"]) == [*whatif.STUDY_SCHEMES, *whatif.CATALOGUE]
-    with pytest.raises(whatif.WhatIfError):
-        whatif.scheme_names(["torch:zero"])
-    for name in whatif.STUDY_SCHEMES:  # every study scheme is a framework (and mode) of the registry
-        framework, _, mode = name.partition(":")
-        assert framework in FRAMEWORKS, name
-        assert not mode or mode == "hierarchical" or mode in FRAMEWORKS[framework].modes, name
+    for bad, needle in (("torch:zero", "unknown mode 'zero'"), ("tf:ps-async", "asynchronous"),
+                        ("mxnet:local", "no term for it")):
+        with pytest.raises(whatif.WhatIfError, match=needle):
+            whatif.scheme_names([bad])
+    # every synchronous framework scheme the model prices and that spans nodes is offered
+    # (of modes alike on GPUs, one), among them JAX and real CNTK
+    offered = {catalogue.SCHEMES[name].framework for name in whatif.STUDY_SCHEMES}
+    assert offered == set(FRAMEWORKS)
+    for name in whatif.STUDY_SCHEMES:
+        info = catalogue.SCHEMES[name]
+        assert info.mode in FRAMEWORKS[info.framework].modes and info.modelled and not info.one_process
 
 
 def test_palette_is_fixed_per_scheme():
-    assert palette.colour("torch:ddp") == palette.colour("torch") == palette.SCHEME_COLOURS["torch"]
+    assert palette.colour("torch:ddp") == palette.colour("torch") == palette.SCHEME_COLOURS["torch:ddp"]
     assert palette.colour("Horovod:gloo") == palette.colour("horovod") == palette.SCHEME_COLOURS["horovod:gloo"]
-    assert palette.colour("jax") == palette.SCHEME_COLOURS["jax"] and palette.colour("wfbp") == "#C8B400"
+    assert palette.colour("jax") == palette.SCHEME_COLOURS["jax:allreduce"] and palette.colour("wfbp") == "#C8B400"
     assert palette.colour("not-a-scheme") == palette.fallback_colour("not-a-scheme")
     shown = [*whatif.STUDY_SCHEMES, *whatif.CATALOGUE]
     assert len({palette.colour(name) for name in shown}) == len(shown)  # no two alike

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from adapters.base import RunConfig
-from analysis.equivalence import TOLERANCE, relative_error
+from analysis.equivalence import relative_error, tolerance
 from adapters.registry import framework_info
 from core.envs import REPO_ROOT, EnvUnavailable, ensure_environment
 from launchers.local import run_local
@@ -101,7 +101,7 @@ def test_cntk_equals_torch(tmp_path, cntk_env, torch_python, model, steps):
     env = {"DLC_BACKEND_PYTHON": cntk_env["backend"]}
     ours = check_run(tmp_path, cntk_env["python"], "cntk", model, 2, steps, extra_env=env)
     ref = check_run(tmp_path, torch_python, "torch", model, 2, steps)
-    tolerance = TOLERANCE[model]
+    limit = tolerance(model)
     grads, ref_grads = load(ours / "grads_rank0.npz"), load(ref / "grads_rank0.npz")
     loss, ref_loss = float(grads.pop("__loss__")), float(ref_grads.pop("__loss__"))
     assert grads.keys() == ref_grads.keys()
@@ -116,10 +116,10 @@ def test_cntk_equals_torch(tmp_path, cntk_env, torch_python, model, steps):
     print(f"\n{model}: loss cntk {loss:.7f} torch {ref_loss:.7f} "
           f"(rel {abs(loss - ref_loss) / abs(ref_loss):.1e}); worst gradient "
           f"{grad_errors[worst_grad]:.1e} ({worst_grad}); worst change after {steps} steps "
-          f"{update_errors[worst_update]:.1e} ({worst_update}); limit {tolerance:.0e}")
+          f"{update_errors[worst_update]:.1e} ({worst_update}); limit {limit:.0e}")
     assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
-    assert grad_errors[worst_grad] <= tolerance
-    assert update_errors[worst_update] <= tolerance
+    assert grad_errors[worst_grad] <= limit
+    assert update_errors[worst_update] <= limit
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ def test_a_batch_per_model_and_a_default_for_the_others():
                    "--batch-size", "alexnet-tiny=4,googlenet-tiny=2,googlenet-tiny=8")
     assert [(r.model, r.batch_per_worker) for r in runs] == [
         ("alexnet-tiny", 4), ("googlenet-tiny", 2), ("googlenet-tiny", 8),
-        ("resnet50-tiny", planning.DEFAULT_TINY_BATCH)]
+        ("resnet50-tiny", planning.default_batch("resnet50-tiny", "cpu"))]
     assert [r.batch_per_worker for r in runs_of("--model", "alexnet-tiny,googlenet-tiny",
                                                 "--batch-size", "2,4")] == [2, 4, 2, 4]
 

@@ -352,14 +352,12 @@ class SyncPSTrainer(ParameterServerMode, TensorFlowTrainer):
     MAX_CALIBRATION_ITERS = 128
 
     def comm_scheme(self):
-        """One push and pull per variable through SyncReplicasOptimizer over gRPC, priced
-        after backward.  TF's dataflow may start a push as soon as its gradient exists, but
-        the pulls come with the next forward and the update waits for every push; on this
-        kind of host the two profile kinds differed by 0-18% of the exchange (the record's
-        overlap), and without a contention probe an overlapping model would hide all of it."""
-        return {"label": "SyncReplicasOptimizer push/pull (gRPC)", "overlap": False,
-                "granularity": "tensor", "profile_granularity": "tensor", "algorithm": "ps",
-                "servers": self.servers, "transport": "grpc-ps"}
+        """The catalogue's push and pull per variable, priced after backward: TF's dataflow
+        may start a push as soon as its gradient exists, but the pulls come with the next
+        forward and the update waits for every push; on this kind of host the two profile
+        kinds differed by 0-18% of the exchange (the record's overlap), and without a
+        contention probe an overlapping model would hide all of it."""
+        return {**super().comm_scheme(), "servers": self.servers}
 
     def collective_times(self, sizes, repeats, warmup=2, iters=1):
         """Calibration: one sample per repeat of each size's push/pull step built in

@@ -372,16 +372,12 @@ class StrategyTrainer(TensorFlowTrainer):
         return facts
 
     # -- inputs of the performance model (analysis/perfmodel.py) -------------------------------
-    def comm_scheme(self):
-        """The whole gradient in one all-reduce after backward: TF packs the list of gradients
-        into one tensor (bytes_per_pack 0), which needs every gradient first, so nothing is sent
-        during backward. CollectiveAllReduce runs a ring over gRPC between workers (NCCL among
-        the GPUs when it can)."""
-        if self.strategy is None or self.replicas == 1:
-            return None
-        return {"label": f"{type(self.strategy).__name__} all-reduce", "overlap": False,
-                "granularity": "whole", "profile_granularity": "whole", "algorithm": "ring",
-                "transport": "nccl" if self.gpus else "grpc"}
+    def sends_gradients(self):
+        return self.strategy is not None and self.replicas > 1
+
+    def comm_transport(self):
+        """CollectiveAllReduce's ring runs over gRPC between workers, NCCL among GPUs."""
+        return "nccl" if self.gpus else "grpc"
 
     def collective_call(self, nbytes):
         """The strategy's all-reduce (the profile's own compiled function) of one float32
