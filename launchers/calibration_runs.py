@@ -24,7 +24,6 @@ from core.cli import fail, interrupt_on_termination
 from core.envs import EnvBuildError
 from launchers import plan as planning
 from launchers.cluster import TransportError, transport_for
-from launchers.cluster.local import LocalCluster
 from launchers.interpreters import InterpreterError, Interpreters, parse_overrides, prepare_interpreters
 from launchers.plan import link_tag, ranks_sharing_cores, set_cluster
 
@@ -120,7 +119,7 @@ def calibrate(settings: dict, pythons: Interpreters, store, console, only_missin
     pool_since (an ISO time): calibrate again only what was stored since then, and store the
     fit of both calibrations' timings pooled (`compare --calibrate`'s closing calibration).
     """
-    cluster = cluster or LocalCluster()
+    cluster = cluster or transport_for(None)  # the default: this machine
     failures = []
     for info, mode in settings["frameworks"]:
         for nodes in settings["nodes"]:

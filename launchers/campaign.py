@@ -37,8 +37,7 @@ from core.cli import EXIT_INTERRUPTED, EXIT_NOT_WRITTEN, fail, interrupt_on_term
 from core.envs import REPO_ROOT, EnvBuildError, dlcompare_home
 from launchers import plan as planning
 from launchers.calibration_runs import calibrate_campaign
-from launchers.cluster import Transport, TransportError
-from launchers.cluster.local import LocalCluster
+from launchers.cluster import Transport, TransportError, transport_for
 from launchers.container_runtime import ContainerImages
 from launchers.dryrun import print_costs
 from launchers.engine import find_engine
@@ -204,7 +203,7 @@ def execute(run: RunConfig, pythons: Interpreters, campaign: planning.Campaign,
     info = framework_info(run.framework)
     Path(run.record_path).unlink(missing_ok=True)
     python, extra_env = pythons.python(info), pythons.rank_env(info)
-    cluster = cluster or LocalCluster()
+    cluster = cluster or transport_for(None)  # the default: this machine
     runtime = containers.runtime_for(run, info.env, python) if containers else None
     try:
         # the image runs the command, the transport places the image on its node
