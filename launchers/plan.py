@@ -20,9 +20,8 @@ from adapters.base import RunConfig
 from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
 from analysis.units import parse_bandwidth, parse_latency
 from core.cli import comma_list
-from launchers.cluster import ClusterError, parse_cluster
-from launchers.cluster.ssh import read_hostfile
 from core import schemes as catalogue
+from launchers.cluster import DEFAULT_TRANSPORT, Transport, TransportError, transport_for
 from models import MODEL_NAMES, get_model, model_facts
 
 # Precisions a campaign may ask for (--dtype): float32 (on a GPU without TF32 math), tf32
@@ -191,7 +190,7 @@ class Campaign:
     fault: dict | None = None
     git_revision: str = ""
     runtime: str = "local"  # local: the framework's virtualenv; container: its image
-    cluster: str = "local"  # local, emulated, hostfile:FILE, slurm (launchers/cluster/)
+    cluster: str = DEFAULT_TRANSPORT  # --cluster: a transport of launchers/cluster/
     bandwidths: list[str | None] = field(default_factory=lambda: [None])  # emulated links
     latencies: list[str | None] = field(default_factory=lambda: [None])
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -206,6 +205,11 @@ class Campaign:
 
     def threads_per_worker(self, workers_per_node: int) -> int:
         return max(1, self.cpus // workers_per_node)
+
+    @property
+    def transport(self) -> Transport:
+        """The transport --cluster names (not yet opened)."""
+        return transport_for(self.cluster)
 
 
 def config_hash(settings: dict) -> str:
@@ -237,33 +241,17 @@ def links_for(campaign: Campaign, nodes: int) -> list[tuple[str | None, str | No
 
 
 def set_cluster(campaign, args) -> None:
-    """--cluster, --bandwidth, --latency into the campaign, checked (UsageError)."""
+    """--cluster, --bandwidth, --latency into the campaign, checked by the transport
+    (UsageError)."""
     try:
-        spec = parse_cluster(getattr(args, "cluster", None))
-    except ClusterError as error:
+        transport = transport_for(getattr(args, "cluster", None))
+        campaign.cluster = transport.label
+        campaign.bandwidths = parse_links(getattr(args, "bandwidth", None), "--bandwidth",
+                                          parse_bandwidth)
+        campaign.latencies = parse_links(getattr(args, "latency", None), "--latency", parse_latency)
+        transport.validate(campaign)
+    except TransportError as error:
         raise UsageError(str(error)) from None
-    campaign.cluster = spec.label
-    campaign.bandwidths = parse_links(getattr(args, "bandwidth", None), "--bandwidth",
-                                               parse_bandwidth)
-    campaign.latencies = parse_links(getattr(args, "latency", None), "--latency",
-                                              parse_latency)
-    shaped = campaign.bandwidths != [None] or campaign.latencies != [None]
-    if shaped and spec.kind != "emulated":
-        raise UsageError("--bandwidth and --latency shape the links of --cluster "
-                                  "emulated; a real cluster's network is what it is")
-    if spec.kind == "local" and campaign.nodes != [1]:
-        raise UsageError("--nodes above 1 needs a cluster transport: --cluster "
-                                  "emulated, hostfile:FILE or slurm")
-    if spec.kind == "emulated" and max(campaign.nodes) > 16:
-        raise UsageError("--cluster emulated runs at most 16 nodes on one host")
-    if spec.kind == "hostfile":  # read now: a malformed hostfile is bad input
-        try:
-            nodes = read_hostfile(spec.path)
-        except ClusterError as error:
-            raise UsageError(str(error)) from None
-        if max(campaign.nodes) > len(nodes):
-            raise UsageError(f"--nodes {max(campaign.nodes)} but {spec.path} lists "
-                                      f"{len(nodes)} node(s)")
 
 
 def parse_links(text: str | None, what: str, parse) -> list[str | None]:
@@ -304,20 +292,16 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
         warmup=campaign.warmup, repeats=campaign.repeats,
         profile_iterations=campaign.profile_iterations, data=campaign.data,
         dropout=campaign.dropout, seed=campaign.seed, loader_workers=campaign.loader_workers,
-        # emulated nodes share this machine's cores: every worker of the run gets its share
         threads_per_worker=campaign.threads_per_worker(
-            workers * (nodes if campaign.cluster == "emulated" else 1)),
+            ranks_sharing_cores(campaign.transport, nodes, workers)),
         options={"channels_last": campaign.channels_last, **campaign.options},
         layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
     )
     if campaign.dtype != "float32":  # float32 runs keep the identities they always had
         measured["dtype"] = campaign.dtype
-    # Where the nodes are and what runs the ranks change what is measured; local runs on the
-    # host keep the identities they had before transports and runtimes existed (stored
-    # campaigns still resume).
-    if campaign.cluster != "local":
-        measured.update(cluster=campaign.cluster.split(":")[0], bandwidth=bandwidth,
-                        latency=latency)
+    # Where the nodes are and what runs the ranks change what is measured; runs of the local
+    # runtime keep the identities they had before runtimes existed (stored campaigns resume).
+    measured.update(campaign.transport.identity(bandwidth, latency))
     if campaign.runtime != "local":
         measured["runtime"] = campaign.runtime
     digest = config_hash(measured)
@@ -332,6 +316,12 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
     return RunConfig(run_id=run_id, campaign=campaign.out.name, config_hash=digest,
                      record_path=str(run_dir / "record.json"), rank_dir=str(run_dir),
                      git_revision=campaign.git_revision, **measured)
+
+
+def ranks_sharing_cores(transport: Transport, nodes: int, workers: int) -> int:
+    """The ranks of a run that share this machine's cores: one node's workers, or every
+    node's where the transport's nodes are on this machine."""
+    return workers * (nodes if transport.nodes_share_this_machine else 1)
 
 
 def check_batch_fits(campaign: Campaign) -> None:

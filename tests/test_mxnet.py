@@ -25,7 +25,7 @@ from core.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
 from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run,
-                            run_cli, worker_processes)
+                            cli_command, run_cli, worker_processes)
 from tests.conftest import check_run as run_check
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
@@ -347,11 +347,9 @@ def test_a_ps_lite_role_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path
                "alexnet-tiny", "--workers", "2", "--servers", "2", "--out", str(out),
                "--timeout", str(timeout), "--iterations", "100000", "--repeats", "1",
                "--warmup", "1", "--profile-iterations", "1"]
-    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
-    import sys
-
+    command, env = cli_command(*command)
     started = time.monotonic()
-    cli = subprocess.Popen([sys.executable, "-m", *command], cwd=REPO_ROOT, env=env,
+    cli = subprocess.Popen(command, cwd=REPO_ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         victim = None

@@ -294,7 +294,7 @@ def test_whatif_grid_is_consistent(tmp_path):
 def test_whatif_selects_stored_schemes_by_cli_name(tmp_path):
     out = whatif_campaign(tmp_path)
     rows, _ = predict.run(predict.build_parser().parse_args(
-        ["--from", str(out), "--model", MODEL, "--schemes", "torch,wfbp", "--nodes", "2", "--no-files"]))
+        ["--from", str(out), "--model", MODEL, "--frameworks", "torch,wfbp", "--nodes", "2", "--no-files"]))
     assert [r["scheme"] for r in rows] == ["torch:ddp", "wfbp"]
     # the catalogue runs on the first profile (PyTorch DDP's), on its calibrated link: 1 / beta = 4 Gbit/s
     assert [r["profile"] for r in rows] == ["PyTorch DDP b16"] * 2
@@ -303,7 +303,7 @@ def test_whatif_selects_stored_schemes_by_cli_name(tmp_path):
 
 def test_whatif_cli_prints_the_table(tmp_path):
     out = whatif_campaign(tmp_path)
-    result = run_cli("analysis.predict", "--from", str(out), "--model", MODEL, *GRID, "--schemes", "stored",
+    result = run_cli("analysis.predict", "--from", str(out), "--model", MODEL, *GRID, "--frameworks", "stored",
                      timeout=120)
     assert result.returncode == 0, result.stderr
     assert "efficiency" in result.stdout and "caffe-mpi-style" in result.stdout and "bottleneck" in result.stdout
@@ -318,7 +318,7 @@ def test_whatif_cli_prints_the_table(tmp_path):
     (["--nodes", "2,,4"], "--nodes has an empty item"),
     (["--bandwidth", "10Gbit,"], "--bandwidth has an empty item"),
     (["--model", "resnet50"], "no successful one-worker run of resnet50"),
-    (["--schemes", "magic"], "unknown scheme"),
+    (["--frameworks", "magic"], "unknown scheme"),
     (["--profile", "TensorFlow"], "--profile"),
 ])
 def test_whatif_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
