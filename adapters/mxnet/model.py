@@ -58,8 +58,8 @@ class Network(gluon.HybridBlock):
     Every leaf is a child block named after the description's layer (parameter names
     `conv1_weight`, ...); `params_by_name` maps canonical names (`conv1.weight`, BN
     `bn_conv1.running_var`) to Gluon parameters, so weights cross without a lookup table.
-    `hybrid_forward` walks the description's tree (Sequential / Concat / Residual) over the
-    leaves, so one hybridized graph covers the whole network.
+    `hybrid_forward` runs the description's tree over the leaves through the shared walker, so
+    one hybridized graph covers the whole network.
     """
 
     def __init__(self, spec, dropout: bool, mkldnn: bool = True):
@@ -82,20 +82,24 @@ class Network(gluon.HybridBlock):
             self.params_by_name.update(canonical_parameters(node, leaf))
 
     def hybrid_forward(self, F, x):
-        return self._run(F, self.spec.root, x)
+        return L.walk(self.spec.root, x, GluonForward(F, self.leaves))
 
-    def _run(self, F, node, x):
-        if isinstance(node, L.Sequential):
-            for child in node.layers:
-                x = self._run(F, child, x)
-            return x
-        if isinstance(node, L.Concat):
-            return F.concat(*[self._run(F, branch, x) for branch in node.branches], dim=1)
-        if isinstance(node, L.Residual):
-            shortcut = x if node.shortcut is None else self._run(F, node.shortcut, x)
-            return F.elemwise_add(self._run(F, node.body, x), shortcut)
-        leaf = self.leaves.get(node.name)
-        return x if leaf is None else leaf(x)  # no leaf: dropout switched off
+
+class GluonForward(L.TreeBuilder):
+    """One trace of `Network`: `F` is mx.nd or mx.sym, as Gluon passes it."""
+
+    def __init__(self, F, leaves):
+        self.F, self.leaves = F, leaves
+
+    def leaf(self, layer, x):
+        block = self.leaves.get(layer.name)
+        return x if block is None else block(x)  # no block: dropout switched off
+
+    def concat(self, node, outputs):
+        return self.F.concat(*outputs, dim=1)
+
+    def add(self, node, body, shortcut):
+        return self.F.elemwise_add(body, shortcut)
 
 
 def make_leaf(layer, in_shape, dropout: bool, mkldnn: bool = True):

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from core.cli import OneLineParser
 from core.envs import REPO_ROOT
+from core.files import write_text_atomic
 from launchers.cluster import Transport, TransportError
 from launchers.rendezvous import Host
 
@@ -65,9 +66,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         self.count += 1
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(str(self.count))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, str(self.count))
 
     def check(self, _progress=None) -> None:
         """Raise LauncherGone when the counter has not changed for `lost_after` seconds (an
