@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from core import schemes as catalogue
 from analysis.record import PHASES
 from analysis.rendering import flatten_columns, markdown_document, missing, to_latex
 from analysis.rendering import to_markdown  # noqa: F401 (analysis.whatif prints with tables.to_markdown)
@@ -595,13 +596,20 @@ def topology_label(nodes, world_size) -> str:
     return f"{nodes} nodes" + ("" if world == nodes else f" ({world} workers)")
 
 
+FRAMEWORK_BY_LABEL = {facts.label: name for name, facts in catalogue.FRAMEWORKS.items()}
+
+
 def series_name(label, mode) -> str:
-    """How a scheme is named in tables and legends: the label, plus the mode unless the label
-    says it ('PyTorch DDP', 'TensorFlow (ps)')."""
+    """How a scheme is named in tables and legends, from a record's framework label and mode:
+    the scheme catalogue's label ('PyTorch DDP', 'TensorFlow (ps)', 'CNTK-style'); for a
+    framework the catalogue lacks, the label with its mode."""
     label = "" if missing(label) else str(label)
-    if missing(mode) or not str(mode) or str(mode).lower() in label.lower():
+    mode = None if missing(mode) or not str(mode) else str(mode)
+    if label in FRAMEWORK_BY_LABEL:
+        return catalogue.label_of(FRAMEWORK_BY_LABEL[label], mode, label)
+    if mode is None:
         return label or "?"
-    return f"{label} ({mode})" if label else str(mode)
+    return f"{label} ({mode})" if label else mode
 
 
 def study_scaling_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -110,9 +110,12 @@ def test_several_models_and_batches_get_panels(tmp_path):
         assert_png(draw(frame, tmp_path))
 
 
-def test_series_name_adds_the_mode_only_when_the_label_lacks_it():
+def test_series_names_are_the_catalogues_labels():
     assert figures.series_name("PyTorch DDP", "ddp") == "PyTorch DDP"
     assert figures.series_name("TensorFlow", "ps") == "TensorFlow (ps)"
+    assert figures.series_name("CNTK-style", "allreduce") == "CNTK-style"
+    assert figures.series_name("Caffe-MPI-style", "mpi") == "Caffe-MPI-style"
+    assert figures.series_name("Newframe", "ring") == "Newframe (ring)"  # not in the catalogue
     assert figures.series_name(None, "ps") == "ps"
 
 

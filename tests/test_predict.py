@@ -211,12 +211,12 @@ def test_study_tables_markdown_csv_latex(tmp_path):
     with ResultStore.for_campaign(out) as store:
         frame = store.runs_frame()
     wide = tables.study_scaling_tables(frame)[MODEL]
-    assert list(wide.index) == ["CNTK-style (allreduce)", "PyTorch DDP"]
+    assert list(wide.index) == ["CNTK-style", "PyTorch DDP"]
     topologies = list(dict.fromkeys(wide.columns.get_level_values(0)))
     assert topologies == ["1 worker", "2 workers", "4 workers", "2 nodes", "4 nodes"]
     assert wide.loc["PyTorch DDP", ("2 workers", "S")] == pytest.approx(1.6)
     assert wide.loc["PyTorch DDP", ("2 nodes", "E")] == pytest.approx(0.5)
-    assert math.isnan(wide.loc["CNTK-style (allreduce)", ("4 workers", "ms")])
+    assert math.isnan(wide.loc["CNTK-style", ("4 workers", "ms")])
     written = tables.write_study_tables(frame, out)
     tex = written[f"study_scaling_{MODEL}"]["tex"].read_text()
     assert r"\multicolumn{3}{c}{2 workers}" in tex and r"\toprule" in tex and "PyTorch DDP & 100.0 & 1.00" in tex
