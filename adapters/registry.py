@@ -41,6 +41,14 @@ class FrameworkInfo:
     # What the interpreter that runs the framework must import (the backend's where there is
     # one): checked, with the versions found, when a user names that interpreter (--python).
     imports: tuple[str, ...] = ()
+    # Other top-level packages of the framework that only its adapter may import (with
+    # `imports`: what must stay out of modules every environment runs, tests/test_layers.py).
+    companions: tuple[str, ...] = ()
+
+    @property
+    def packages(self) -> set[str]:
+        """The framework's top-level packages."""
+        return {name.split(".")[0] for name in (*self.imports, *self.companions)}
 
     @property
     def facts(self) -> catalogue.FrameworkFacts:
@@ -75,7 +83,8 @@ class FrameworkInfo:
 
 FRAMEWORKS: dict[str, FrameworkInfo] = {info.name: info for info in (
     FrameworkInfo("torch", "adapters.pytorch", "torch", "torch", image="pytorch", imports=("torch",)),
-    FrameworkInfo("tf", "adapters.tensorflow", "tf", "tf", image="tensorflow", imports=("tensorflow",)),
+    FrameworkInfo("tf", "adapters.tensorflow", "tf", "tf", image="tensorflow", imports=("tensorflow",),
+                  companions=("tf_keras", "keras")),
     # the worker side needs only NumPy; CNTK itself runs in backend_env, its ranks started by
     # mpirun
     FrameworkInfo("cntk", "adapters.cntk", "torch", "mpi", backend_env="cntk", imports=("cntk",)),
@@ -88,7 +97,7 @@ FRAMEWORKS: dict[str, FrameworkInfo] = {info.name: info for info in (
     # ps-lite's scheduler and servers started by dlcompare (launchers/rendezvous/dmlc.py)
     FrameworkInfo("mxnet", "adapters.mxnet", "mxnet", "dmlc", image="mxnet", imports=("mxnet",)),
     # the env:// variables: JAX's coordinator on MASTER_ADDR:MASTER_PORT
-    FrameworkInfo("jax", "adapters.jax", "jax", "torch", imports=("jax",)),
+    FrameworkInfo("jax", "adapters.jax", "jax", "torch", imports=("jax",), companions=("jaxlib",)),
 )}
 
 

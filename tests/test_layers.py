@@ -27,8 +27,7 @@ from launchers.rendezvous import KINDS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("core", "models", "analysis", "adapters", "launchers")  # bottom first
-FRAMEWORKS_IMPORTED = {"torch", "tensorflow", "tf_keras", "keras", "mxnet", "horovod", "cntk",
-                       "jax", "jaxlib", "mpi4py"}
+FRAMEWORKS_IMPORTED = set().union(*(info.packages for info in FRAMEWORKS.values()))
 
 
 @dataclass(frozen=True)
