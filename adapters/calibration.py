@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from adapters.base import DistInfo, RunConfig
-from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic
+from adapters.rankfiles import environment, wait_for_rank_files
+from core.files import write_json_atomic
 
 CONTENTION_ROUNDS = 21
 LOOP_BYTES = 2 ** 20  # bytes of back-to-back messages per sample (config.calibrate["loop_bytes"])

@@ -98,28 +98,28 @@ class Layout:
 
 def build_network(spec, dropout: bool, layout: Layout = Layout("NCHW"), native_groups: bool = True):
     """`apply(params, state, images, key) -> (logits, new_state)`: the description's tree walked
-    at trace time, each leaf a function of the context.  Without `native_groups` a grouped
+    at trace time (the shared walker), each leaf a function of the context.  Without `native_groups` a grouped
     convolution runs as one convolution per group (XLA's CPU backend computes grouped
     convolutions and their gradients 10-40x slower than the same work split)."""
     leaves = {layer.name: make_leaf(layer, shape, dropout, index, layout, native_groups)
               for index, (layer, shape) in enumerate(spec.leaf_inputs())}
 
-    def run(node, x, ctx):
-        if isinstance(node, L.Sequential):
-            for child in node.layers:
-                x = run(child, x, ctx)
-            return x
-        if isinstance(node, L.Concat):
-            return jnp.concatenate([run(branch, x, ctx) for branch in node.branches],
-                                   axis=layout.channel)
-        if isinstance(node, L.Residual):
-            shortcut = x if node.shortcut is None else run(node.shortcut, x, ctx)
-            return run(node.body, x, ctx) + shortcut
-        return leaves[node.name](x, ctx)
+    class Forward(L.TreeBuilder):
+        def __init__(self, ctx):
+            self.ctx = ctx
+
+        def leaf(self, layer, x):
+            return leaves[layer.name](x, self.ctx)
+
+        def concat(self, node, outputs):
+            return jnp.concatenate(outputs, axis=layout.channel)
+
+        def add(self, node, body, shortcut):
+            return body + shortcut
 
     def apply(params, state, images, key):
         ctx = Context(params, state, training=True, key=key)
-        logits = run(spec.root, images, ctx)
+        logits = L.walk(spec.root, images, Forward(ctx))
         return logits, {**state, **ctx.new_state}
 
     return apply

@@ -24,12 +24,12 @@ from models import layers as L
 
 # ----------------------------------------------------------------------------- model builder
 
-class Network(nn.Module):
+class Network(nn.Module, L.TreeBuilder):
     """The shared description executed in PyTorch.
 
     Leaves live in one flat ModuleDict keyed by the description's layer names, so the state
     dict names are exactly the canonical names (`conv1.weight`) and no mapping table is needed;
-    `forward` walks the description's tree (Sequential / Concat / Residual) over those leaves.
+    `forward` runs the description's tree over those leaves through the shared walker.
     """
 
     def __init__(self, spec, dropout: bool):
@@ -39,19 +39,16 @@ class Network(nn.Module):
                                      for layer, shape in spec.leaf_inputs()})
 
     def forward(self, x):
-        return self._run(self.spec.root, x)
+        return L.walk(self.spec.root, x, self)
 
-    def _run(self, node, x):
-        if isinstance(node, L.Sequential):
-            for child in node.layers:
-                x = self._run(child, x)
-            return x
-        if isinstance(node, L.Concat):
-            return torch.cat([self._run(branch, x) for branch in node.branches], dim=1)
-        if isinstance(node, L.Residual):
-            shortcut = x if node.shortcut is None else self._run(node.shortcut, x)
-            return self._run(node.body, x) + shortcut
-        return self.leaves[node.name](x)
+    def leaf(self, layer, x):
+        return self.leaves[layer.name](x)
+
+    def concat(self, node, outputs):
+        return torch.cat(outputs, dim=1)
+
+    def add(self, node, body, shortcut):
+        return body + shortcut
 
 
 def make_leaf(layer, in_shape, dropout: bool) -> nn.Module:

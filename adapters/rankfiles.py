@@ -1,5 +1,5 @@
 """How the ranks of one run hand their results to rank 0: each writes its own file atomically
-before a barrier, rank 0 then reads them all.  Every result carries the environment it was
+(`core.files.write_json_atomic`) before a barrier, rank 0 then reads them all.  Every result carries the environment it was
 measured in."""
 
 from __future__ import annotations
@@ -26,17 +26,6 @@ def environment(versions: dict) -> dict:
             **({"python_override": override} if override else {}),
             "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "numpy": np.__version__, **versions}
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Whole or not at all: a reader (or a full disk) never sees half a file, and a failed
-    write leaves no temporary file behind."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, default=float))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def wait_for_rank_files(rank_dir: Path, world_size: int, timeout: float = 60.0,

@@ -57,10 +57,11 @@ from adapters.base import DistInfo, FrameworkUnavailable, RunConfig  # noqa: E40
 from adapters.calibration import run_calibration  # noqa: E402
 from adapters.data import rank_batch_start, synthetic_batch  # noqa: E402
 from adapters.machine import interval, machine_fields, sample  # noqa: E402
-from adapters.rankfiles import environment, wait_for_rank_files, write_json_atomic  # noqa: E402
+from adapters.rankfiles import environment, wait_for_rank_files  # noqa: E402
 from adapters.registry import framework_info, load_trainer  # noqa: E402
 from analysis.perfmodel import split_backward_by_flops  # noqa: E402
 from analysis.record import PHASES, empty_record, phase_entry  # noqa: E402
+from core.files import write_json_atomic, write_text_atomic  # noqa: E402
 from models import canonical_weights, get_model  # noqa: E402
 
 EXIT_UNAVAILABLE = 3
@@ -77,9 +78,7 @@ class Progress:
     def advance(self, phase: str) -> None:
         self.done += 1
         if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(f"{self.done} {self.total} {phase}")
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, f"{self.done} {self.total} {phase}")
 
 
 def maybe_inject_fault(config: RunConfig, rank: int, step: int) -> None:

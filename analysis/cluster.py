@@ -1,4 +1,4 @@
-"""A GPU cluster described in a TOML file (`python -m analysis.predict --cluster FILE`).
+"""A GPU cluster described in a TOML file (`python -m analysis.predict --cluster-file FILE`).
 
 Read with the standard library's `tomllib`; every quantity carries its unit, as on the
 command line (`analysis.units`): bandwidths '12 GB/s' or '56Gbit', latencies '2us', compute

@@ -41,9 +41,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import perfmodel as pm
-from analysis import tables
 from analysis.calibration import CalibrationFit, relink
 from analysis.predict import comm_cost, profile_from_record, scheme_of
+from analysis.rendering import to_markdown
 from analysis.store import ResultStore
 
 BISECTION_STEPS = 200
@@ -262,7 +262,7 @@ def composition_report(folder: Path) -> str:
         records = store.records()
         rows = composition_rows(records, store.calibration_fits())
     calibrated = calibrated_rows(records)
-    tail = ("\nOn the calibrated topologies (their own calibration):\n" + tables.to_markdown(pd.DataFrame(calibrated))
+    tail = ("\nOn the calibrated topologies (their own calibration):\n" + to_markdown(pd.DataFrame(calibrated))
             if calibrated else "")
     if not rows:
         return "no run of 2+ nodes x 2+ workers with both link calibrations (1 x G and N x 1) stored"
@@ -275,4 +275,4 @@ def composition_report(folder: Path) -> str:
                              "one_worker_median_abs_error_pct": 100 * median_abs(rows, "one_worker_error").get(
                                  scheme, float("nan"))}
                             for scheme, composed in median_abs(rows, "composed_error").items()])
-    return tables.to_markdown(table) + "\n" + tables.to_markdown(medians) + tail
+    return to_markdown(table) + "\n" + to_markdown(medians) + tail

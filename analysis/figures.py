@@ -36,6 +36,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from analysis import tables  # noqa: E402
 from analysis.palette import scheme_colour  # noqa: E402
+from analysis.rendering import missing  # noqa: E402
 from analysis.units import UnitError, parse_bandwidth  # noqa: E402
 from core.cli import interrupts_held, leave_interrupts_to_the_parent  # noqa: E402
 
@@ -83,7 +84,7 @@ def _colours(table: pd.DataFrame) -> dict[str, str]:
 
 def _topology_order(table: pd.DataFrame) -> list[str]:
     """Topologies as (nodes, workers per node) in numeric order: 1×1, 1×2, 1×4, 2×1, 2×2."""
-    pairs = {(int(n) if not tables._missing(n) else 1, int(w) if not tables._missing(w) else 0)
+    pairs = {(int(n) if not missing(n) else 1, int(w) if not missing(w) else 0)
              for n, w in zip(table["nodes"], table["workers_per_node"])}
     return [tables.topology_short(n, w) for n, w in sorted(pairs)]
 
@@ -101,7 +102,7 @@ def _facets(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     several_batches = table.groupby(["model", "device"], dropna=False)["batch_per_worker"].nunique().max() > 1
     for (model, device, batch), rows in table.groupby(FACET_KEYS, dropna=False, sort=True):
         title = f"{model} on {device}"
-        if several_batches and not tables._missing(batch):
+        if several_batches and not missing(batch):
             title += f", batch {batch}/worker"
         panels.append((title, rows))
     return panels
@@ -147,7 +148,7 @@ def save_figure(fig, path: str | Path, title: str) -> Path:
 def _series_entry(name: str, colour, points) -> dict:
     """One drawn series for the sidecar: name, '#rrggbb' colour, [[x, y], ...]."""
     return {"name": name, "colour": matplotlib.colors.to_hex(colour),
-            "points": [[x, None if tables._missing(y) else float(y)] for x, y in points]}
+            "points": [[x, None if missing(y) else float(y)] for x, y in points]}
 
 
 def _wrap(text: str, width: int = 16) -> str:
@@ -155,7 +156,7 @@ def _wrap(text: str, width: int = 16) -> str:
 
 
 def _workers(value) -> str:
-    return "?" if tables._missing(value) else str(int(value))
+    return "?" if missing(value) else str(int(value))
 
 
 def _scheme_legend(ax, colours: dict[str, str], **kwargs):
@@ -297,7 +298,7 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
 
 def _bandwidth_gbit(text) -> float:
     """'1Gbit' -> 1.0, '200Mbit' -> 0.2 (Gbit/s); NaN for an unshaped run."""
-    if tables._missing(text) or not str(text).strip():
+    if missing(text) or not str(text).strip():
         return math.nan
     try:
         return parse_bandwidth(str(text)) * 8 / 1e9
@@ -470,7 +471,7 @@ def overlap_timeline(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         if update > 0:
             ax.broken_barh([(end - update, update)], (2.1, 0.8), facecolors="#6a9955")
         measured = run.get("iter_time_median")
-        if not tables._missing(measured):
+        if not missing(measured):
             ax.axvline(float(measured) * 1e3, color="black", linestyle="--", linewidth=1.2)
             ax.text(float(measured) * 1e3, 3.05, " measured", fontsize=9, va="bottom")
         ax.set_yticks([1.5, 2.5], ["transfers", "compute"], fontsize=10)

@@ -34,7 +34,7 @@ What-if (`python -m analysis.predict`)
 
     python -m analysis.predict --from DIR --model resnet50 --nodes 2,4,8,16 \\
         --bandwidth 10Gbit,56Gbit,100Gbit --latency 5us,50us
-    python -m analysis.predict --cluster examples/cluster.toml --model resnet50 \\
+    python -m analysis.predict --cluster-file examples/cluster.toml --model resnet50 \\
         --batch-size 32 --nodes 1,2,4,8 [--json]
 
 ``--from DIR``: for every framework with a stored one-worker run of the model, its own
@@ -43,7 +43,7 @@ merging, buckets, fusion, parameter server) on a reference profile, all N = node
 per node ranks on one link: alpha = latency, beta = 1 / bandwidth (the calibration's where
 not given), gamma and the contention shares from the calibration.
 
-``--cluster FILE``: a described GPU cluster (`analysis.cluster`; docs/prediction.md): the
+``--cluster-file FILE``: a described GPU cluster (`analysis.cluster`; docs/prediction.md): the
 study's schemes by their CLI names and the catalogue's, each priced on the topology its
 framework uses (`perfmodel.topology_cost`: intra-node links, NICs shared by a node's
 workers, per-message software cost per transport), compute from the model's FLOPs on the
@@ -477,33 +477,36 @@ def cluster_profile(spec: ClusterSpec, model: str, batch: int | None,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m analysis.predict",
+        prog="python -m analysis.predict", renamed={"--cluster": "--cluster-file"},
         description="Predict iteration time, speedup and efficiency of each aggregation scheme at node "
                     "counts, bandwidths and latencies you do not have: from a campaign's one-worker profile "
-                    "and calibration (--from), or on a GPU cluster described in a TOML file (--cluster).")
+                    "and calibration (--from), or on a GPU cluster described in a TOML file (--cluster-file).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--from", dest="source", metavar="DIR", help="campaign folder holding results.sqlite")
-    source.add_argument("--cluster", metavar="FILE", help="cluster description (TOML; see examples/cluster.toml)")
-    parser.add_argument("--model", default=None, help="model (--cluster: default the file's [workload] model)")
-    parser.add_argument("--batch-size", "--batch", dest="batch", default=None,
+    source.add_argument("--cluster-file", metavar="FILE",
+                        help="cluster description (TOML; see examples/cluster.toml)")
+    parser.add_argument("--model", default=None, help="model (--cluster-file: default the file's [workload] model)")
+    parser.add_argument("--batch-size", default=None,
                         help="per-worker batch (--from: of the stored profile, default the largest)")
-    parser.add_argument("--nodes", default=None, help="node counts (default: --from 2,4,8,16; --cluster the file's)")
-    parser.add_argument("--workers-per-node", default=None,
-                        help="workers per node, comma list (default: --from 1; --cluster the file's)")
+    parser.add_argument("--nodes", default=None,
+                        help="node counts (default: --from 2,4,8,16; --cluster-file the file's)")
+    parser.add_argument("--workers", default=None,
+                        help="workers per node, comma list (default: --from 1; --cluster-file the file's)")
     parser.add_argument("--bandwidth", default=None,
-                        help="link (--cluster: the NIC's) bandwidths, e.g. 10Gbit,56Gbit,100Gbit or 1.25GB/s "
-                             "(default: calibrated, or the file's)")
-    parser.add_argument("--latency", default=None, help="link (--cluster: the NIC's) latencies, e.g. 5us,50us "
-                                                        "(default: calibrated, or the file's)")
-    parser.add_argument("--schemes", default=None,
+                        help="link (--cluster-file: the NIC's) bandwidths, e.g. 10Gbit,56Gbit,100Gbit or "
+                             "1.25GB/s (default: calibrated, or the file's)")
+    parser.add_argument("--latency", default=None, help="link (--cluster-file: the NIC's) latencies, e.g. "
+                                                        "5us,50us (default: calibrated, or the file's)")
+    parser.add_argument("--frameworks", default=None,
                         help="comma list of study schemes by CLI name (" + ", ".join(whatif.STUDY_SCHEMES)
                              + "), catalogue schemes (" + ", ".join(CATALOGUE) + "), 'study', 'all', and with "
-                             "--from 'stored' (each framework's own) (default: --from all; --cluster study)")
+                             "--from 'stored' (each framework's own) (default: --from all; --cluster-file study)")
     parser.add_argument("--profile", default=None,
                         help="framework label whose one-worker profile the catalogue (or the cluster file's "
                              "device.profile) uses (default: the first)")
-    parser.add_argument("--ps", default=None, help="parameter servers of the ps schemes (default: as stored; "
-                                                   "--cluster the file's, else one per node)")
+    parser.add_argument("--servers", default=None,
+                        help="parameter servers of the ps schemes (default: as stored; --cluster-file the "
+                             "file's, else one per node)")
     parser.add_argument("--algorithm", default="ring", choices=[a for a in pm.ALGORITHMS if a not in ("ps", "p2p")],
                         help="all-reduce algorithm of the catalogue schemes (default: %(default)s)")
     parser.add_argument("--json", action="store_true",
@@ -526,24 +529,24 @@ def run(args) -> tuple[list[dict], dict[str, Path]]:
     """The what-if of the parsed command line: rows (`whatif.ROW_KEYS`) and the files written."""
     bandwidths = _sweep(args.bandwidth, parse_bandwidth, "--bandwidth")
     latencies = _sweep(args.latency, parse_latency, "--latency")
-    batch = parse_counts(args.batch, "--batch-size")[0] if args.batch else None
-    servers = parse_counts(args.ps, "--ps")[0] if args.ps else None
-    if args.cluster is not None:
-        spec = load_cluster(args.cluster)
+    batch = parse_counts(args.batch_size, "--batch-size")[0] if args.batch_size else None
+    servers = parse_counts(args.servers, "--servers")[0] if args.servers else None
+    if args.cluster_file is not None:
+        spec = load_cluster(args.cluster_file)
         model = args.model or spec.model
         if not model:
-            raise PredictError(f"give --model or [workload] model in {args.cluster}")
-        names = whatif.scheme_names(items(args.schemes or "study", "--schemes"))
+            raise PredictError(f"give --model or [workload] model in {args.cluster_file}")
+        names = whatif.scheme_names(items(args.frameworks or "study", "--frameworks"))
         profile, source, batch, jitter = cluster_profile(spec, model, batch or spec.batch_per_worker, args.profile)
         chosen = whatif.cluster_candidates(spec, names, profile, source, batch, args.algorithm, servers, jitter)
         nodes = _counts(args.nodes, [spec.nodes], "--nodes")
-        per_node = _counts(args.workers_per_node, [spec.workers_per_node], "--workers-per-node")
+        per_node = _counts(args.workers, [spec.workers_per_node], "--workers")
         folder, title = Path("results") / "whatif", f"Predicted efficiency on {spec.device.name} nodes, {model}"
     else:
         if not args.model:
             raise PredictError("--from needs --model")
         model = args.model
-        names = [name.strip().lower() for name in items(args.schemes or "all", "--schemes")]
+        names = [name.strip().lower() for name in items(args.frameworks or "all", "--frameworks")]
         names = [n for name in names for n in (["stored", *CATALOGUE] if name == "all" else [name])]
         try:
             with ResultStore.for_campaign(Path(args.source), create=False) as store:
@@ -553,7 +556,7 @@ def run(args) -> tuple[list[dict], dict[str, Path]]:
         chosen = candidates(records, fits, model, batch, list(dict.fromkeys(names)), args.profile, servers,
                             args.algorithm)
         nodes = _counts(args.nodes, [2, 4, 8, 16], "--nodes")
-        per_node = _counts(args.workers_per_node, [1], "--workers-per-node")
+        per_node = _counts(args.workers, [1], "--workers")
         folder, title = Path(args.source) / "whatif", f"Predicted weak-scaling efficiency, {model}"
     rows = whatif.evaluate(chosen, nodes, per_node, bandwidths, latencies, model)
     written = {}
@@ -568,7 +571,8 @@ def run(args) -> tuple[list[dict], dict[str, Path]]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m analysis.predict``: the what-if table (exit 2 with one line on bad input)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(parser.current_spelling(sys.argv[1:] if argv is None else argv))
     try:
         rows, written = run(args)
     except (PredictError, UnitError, ClusterError, WhatIfError) as exc:

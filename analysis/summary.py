@@ -27,6 +27,7 @@ from rich.text import Text
 
 from analysis import tables, verdict
 from analysis.palette import scheme_colour
+from analysis.rendering import missing
 from analysis.store import ResultStore, StoreError
 
 # Short headers so that the table fits an 80-column terminal; the caption spells them out.
@@ -40,7 +41,7 @@ CAPTION = ("Scheme: framework (mode); N×W nodes × workers per node, Batch per 
 
 def _text(value, fmt: str = "") -> str:
     """A cell: a dash for missing values, else the formatted value (rich markup escaped)."""
-    if tables._missing(value):
+    if missing(value):
         return "—"
     return format(value, fmt) if fmt else escape(str(value))
 
@@ -48,13 +49,13 @@ def _text(value, fmt: str = "") -> str:
 def _workers(nodes, workers_per_node, bandwidth=None, latency=None) -> str:
     """The topology '1×2', with the emulated links where the run crossed them."""
     text = tables.topology_short(nodes, workers_per_node)
-    links = [str(v) for v in (bandwidth, latency) if not tables._missing(v) and str(v)]
+    links = [str(v) for v in (bandwidth, latency) if not missing(v) and str(v)]
     return text + (f" ({', '.join(links)})" if links else "")
 
 
 def _iteration(row) -> str:
     median = _text(row["iter_ms_median"], ".1f")
-    if tables._missing(row["iter_ms_p10"]) or tables._missing(row["iter_ms_p90"]):
+    if missing(row["iter_ms_p10"]) or missing(row["iter_ms_p90"]):
         return median
     return f"{median} [{row['iter_ms_p10']:.1f}–{row['iter_ms_p90']:.1f}]"
 
@@ -64,7 +65,7 @@ def _efficiency_style(value) -> str:
 
     Magenta above 1.05: superlinear weak scaling is almost always a noisy baseline run.
     """
-    if tables._missing(value):
+    if missing(value):
         return ""
     if value > 1.05:
         return "magenta"
@@ -139,7 +140,7 @@ def verdict_text(frame: pd.DataFrame) -> Text:
             text.append("    ")
             text.append(row["series"], style=f"bold {scheme_colour(row['framework'], row['mode'])}")
             if not alone:
-                efficiency = "" if tables._missing(row["efficiency"]) else f" (E = {row['efficiency']:.2f})"
+                efficiency = "" if missing(row["efficiency"]) else f" (E = {row['efficiency']:.2f})"
                 text.append(f"{efficiency}: {row['cause_text']}")
             text.append("\n")
             if row["flags"]:

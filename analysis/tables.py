@@ -27,7 +27,10 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from core import schemes as catalogue
 from analysis.record import PHASES
+from analysis.rendering import flatten_columns, markdown_document, missing, to_latex
+from analysis.rendering import to_markdown  # noqa: F401 (analysis.whatif prints with tables.to_markdown)
 
 # One measured configuration: the rows that repeated runs of it share.
 # The topology is (nodes, workers per node): 1 node x 2 workers and 2 nodes x 1 worker are
@@ -247,20 +250,16 @@ def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def speedup(t_one: float, t_n: float, workers: int, scaling: str = "weak") -> float:
     """S(N) = N * t(1) / t(N) for weak scaling, t(1) / t(N) for strong; NaN if unknown."""
-    if _missing(t_one) or _missing(t_n) or _missing(workers) or t_n <= 0:
+    if missing(t_one) or missing(t_n) or missing(workers) or t_n <= 0:
         return math.nan
     return float(t_one / t_n if scaling == "strong" else workers * t_one / t_n)
 
 
 def efficiency(speedup_n: float, workers: int) -> float:
     """E(N) = S(N) / N: 1.0 when N workers are exactly N times as productive as one."""
-    if _missing(speedup_n) or _missing(workers) or workers <= 0:
+    if missing(speedup_n) or missing(workers) or workers <= 0:
         return math.nan
     return float(speedup_n / workers)
-
-
-def _missing(value) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 SCALING_COLUMNS: list[str] = ["model", "device", "framework", "framework_label", "mode", "scaling",
@@ -288,7 +287,7 @@ def configs_with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
     found = []
     for _, row in table.iterrows():
         batch = row["global_batch"] if row["scaling"] == "strong" else row["batch_per_worker"]
-        candidates = [] if _missing(batch) else by_key.get((row["model"], row["device"], batch), [])
+        candidates = [] if missing(batch) else by_key.get((row["model"], row["device"], batch), [])
         baseline = _baseline_among(candidates, row)
         t_one = math.nan if baseline is None else float(baseline["iter_ms_median"])
         s = speedup(t_one, row["iter_ms_median"], row["world_size"], row["scaling"])
@@ -309,8 +308,8 @@ RUNS_COLUMNS: list[str] = ["scheme", "model", "topology", "batch_per_worker", "t
 
 def topology_short(nodes, workers_per_node) -> str:
     """'1×2': nodes × workers per node, how every figure and the verdict name a topology."""
-    nodes = 1 if _missing(nodes) else int(nodes)
-    return f"{nodes}×{'?' if _missing(workers_per_node) else int(workers_per_node)}"
+    nodes = 1 if missing(nodes) else int(nodes)
+    return f"{nodes}×{'?' if missing(workers_per_node) else int(workers_per_node)}"
 
 
 def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -322,7 +321,7 @@ def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
     ok = ok.assign(topology=[topology_short(n, w) for n, w in zip(ok["nodes"], ok["workers_per_node"])],
                    scheme=[series_name(lb, m) for lb, m in zip(ok["framework_label"], ok["mode"])],
                    oversubscribed=_numeric(ok, "oversubscribed").map(
-                       lambda v: None if _missing(v) else ("yes" if v else "no")))
+                       lambda v: None if missing(v) else ("yes" if v else "no")))
     for column in RUNS_COLUMNS:
         if column not in ok.columns:
             ok[column] = None
@@ -346,9 +345,9 @@ def layer_table(frame: pd.DataFrame) -> pd.DataFrame:
         else pd.Series(None, index=ok.index)
     for run, layers, source in zip(ok[fields].to_dict("records"), ok[column], sources):
         run = {**run, "topology": topology_short(run["nodes"], run["workers_per_node"]),
-               "source": None if _missing(source) else source}
+               "source": None if missing(source) else source}
         for order, item in enumerate(json_list(layers)):
-            if isinstance(item, (list, tuple)) and len(item) == 2 and not _missing(item[1]):
+            if isinstance(item, (list, tuple)) and len(item) == 2 and not missing(item[1]):
                 rows.append({**run, "layer": str(item[0]), "order": order, "backward_ms": float(item[1]) * 1e3})
     if not rows:
         return pd.DataFrame(columns=LAYER_COLUMNS)
@@ -364,7 +363,7 @@ def json_list(value) -> list:
     """A list stored as JSON text (how the store flattens the record's lists), or []."""
     if isinstance(value, list):
         return value
-    if _missing(value) or not str(value).strip():
+    if missing(value) or not str(value).strip():
         return []
     try:
         decoded = json.loads(value)
@@ -382,7 +381,7 @@ def _baseline_among(candidates: list, row: pd.Series) -> pd.Series | None:
     """`_baseline` over one-worker rows already of the same model, device and batch (plain
     Python: scaling tables of large campaigns call this once per configuration)."""
     def same(a, b) -> bool:
-        return (_missing(a) and _missing(b)) or (not _missing(a) and not _missing(b) and a == b)
+        return (missing(a) and missing(b)) or (not missing(a) and not missing(b) and a == b)
 
     exact = [c for c in candidates if same(c["framework_label"], row["framework_label"]) and same(c["mode"], row["mode"])]
     if exact:
@@ -391,14 +390,14 @@ def _baseline_among(candidates: list, row: pd.Series) -> pd.Series | None:
     single = [c for c in others if same(c["mode"], "single")]
     if single:
         return single[0]
-    modes = {None if _missing(c["mode"]) else c["mode"] for c in others}
+    modes = {None if missing(c["mode"]) else c["mode"] for c in others}
     return others[0] if others and len(modes) == 1 else None
 
 
 def _baseline(singles: pd.DataFrame, row: pd.Series) -> pd.Series | None:
     """The one-worker configuration `row` is measured against, or None (see scaling_table)."""
     batch = row["global_batch"] if row["scaling"] == "strong" else row["batch_per_worker"]
-    if _missing(batch):
+    if missing(batch):
         return None
     same = singles[_mask(singles["model"] == row["model"]) & _mask(singles["device"] == row["device"])
                    & _mask(singles["batch_per_worker"] == batch)]
@@ -414,14 +413,14 @@ def _baseline(singles: pd.DataFrame, row: pd.Series) -> pd.Series | None:
 
 def _same(series: pd.Series, value) -> pd.Series:
     """Equality that also matches missing with missing (a mode left empty)."""
-    if _missing(value):
+    if missing(value):
         return series.isna()
     return _mask(series == value)
 
 
 def error_last_line(error) -> str:
     """The last non-empty line of an error tail: usually the exception and its message."""
-    if _missing(error) or not str(error).strip():
+    if missing(error) or not str(error).strip():
         return ""
     line = [ln.strip() for ln in str(error).splitlines() if ln.strip()][-1]
     return line if len(line) <= 200 else line[:199] + "…"
@@ -447,41 +446,6 @@ def build_tables(frame: pd.DataFrame, calibrations: pd.DataFrame | None = None) 
             "failures": failures_table(frame)}
 
 
-# --------------------------------------------------------------------------- formatting
-
-def float_format(column: str) -> str:
-    """A readable format per kind of column (ms with 2 decimals, seconds with 4, ...)."""
-    if column.endswith("_pct") or column.startswith("images_per_s") or column == "duration_s":
-        return ".1f"
-    if column.startswith(("load_avg", "other_load")):
-        return ".2f"
-    if column.startswith("loss_"):
-        return ".4f"
-    if column.endswith(("_us", "_ns_per_byte", "_gbit_s")) or column in ("alpha_ms", "fit_a_ms"):
-        return ".4g"
-    if "_ms" in column:
-        return ".2f"
-    if column.endswith("_s"):
-        return ".4f"
-    if column in ("speedup", "efficiency", "overlap", "prediction_error", "hidden_pred"):
-        return ".3f"
-    return "g"
-
-
-def display_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """Object columns with None for missing values, so that they print as a dash."""
-    shown = table.astype(object)
-    return shown.where(table.notna(), None)
-
-
-def to_markdown(table: pd.DataFrame) -> str:
-    """A GitHub-flavoured Markdown table; missing values as an em dash."""
-    if table.empty:
-        return "_No rows._\n"
-    formats = [float_format(c) for c in table.columns]
-    return display_frame(table).to_markdown(index=False, floatfmt=formats, missingval="—") + "\n"
-
-
 def write_tables(frame: pd.DataFrame, out_dir: str | Path, calibrations: pd.DataFrame | None = None,
                  built: dict[str, pd.DataFrame] | None = None) -> dict[str, TablePaths]:
     """Write every table as ``tables/<name>.md`` and ``tables/<name>.csv`` under `out_dir`,
@@ -501,7 +465,7 @@ def write_tables(frame: pd.DataFrame, out_dir: str | Path, calibrations: pd.Data
             continue
         md = folder / f"{name}.md"
         csv = folder / f"{name}.csv"
-        md.write_text(f"# {TABLE_TITLES[name]}\n\n{TABLE_DESCRIPTIONS[name]}\n\n{to_markdown(table)}",
+        md.write_text(markdown_document(TABLE_TITLES[name], table, TABLE_DESCRIPTIONS[name]),
                       encoding="utf-8")
         table.to_csv(csv, index=False)
         written[name] = TablePaths(md, csv)
@@ -625,20 +589,27 @@ STUDY_TOPOLOGIES: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (1, 4), (2, 2),
 
 def topology_label(nodes, world_size) -> str:
     """'1 worker', '4 workers', '2 nodes', '2 nodes (8 workers)'."""
-    nodes = 1 if _missing(nodes) else int(nodes)
-    world = 0 if _missing(world_size) else int(world_size)
+    nodes = 1 if missing(nodes) else int(nodes)
+    world = 0 if missing(world_size) else int(world_size)
     if nodes <= 1:
         return f"{world} worker" + ("" if world == 1 else "s")
     return f"{nodes} nodes" + ("" if world == nodes else f" ({world} workers)")
 
 
+FRAMEWORK_BY_LABEL = {facts.label: name for name, facts in catalogue.FRAMEWORKS.items()}
+
+
 def series_name(label, mode) -> str:
-    """How a scheme is named in tables and legends: the label, plus the mode unless the label
-    says it ('PyTorch DDP', 'TensorFlow (ps)')."""
-    label = "" if _missing(label) else str(label)
-    if _missing(mode) or not str(mode) or str(mode).lower() in label.lower():
+    """How a scheme is named in tables and legends, from a record's framework label and mode:
+    the scheme catalogue's label ('PyTorch DDP', 'TensorFlow (ps)', 'CNTK-style'); for a
+    framework the catalogue lacks, the label with its mode."""
+    label = "" if missing(label) else str(label)
+    mode = None if missing(mode) or not str(mode) else str(mode)
+    if label in FRAMEWORK_BY_LABEL:
+        return catalogue.label_of(FRAMEWORK_BY_LABEL[label], mode, label)
+    if mode is None:
         return label or "?"
-    return f"{label} ({mode})" if label else str(mode)
+    return f"{label} ({mode})" if label else mode
 
 
 def study_scaling_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -654,7 +625,7 @@ def study_scaling_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
                              framework_row=[series_name(lb, m) for lb, m in zip(configs["framework_label"], configs["mode"])])
     for model, rows in configs.groupby("model", sort=True):
         several = rows.groupby("framework_row")[["batch_per_worker", "device"]].nunique().max().max() > 1
-        measured = sorted({(1 if _missing(n) else int(n), int(w)) for n, w in zip(rows["nodes"], rows["world_size"])})
+        measured = sorted({(1 if missing(n) else int(n), int(w)) for n, w in zip(rows["nodes"], rows["world_size"])})
         order = [topology_label(n, w) for n, w in STUDY_TOPOLOGIES]
         order += [t for t in (topology_label(n, w) for n, w in measured) if t not in order]
         index_keys = ["framework_row"] + (["batch_per_worker", "device"] if several else [])
@@ -701,81 +672,9 @@ def study_single_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "images_per_s": row["images_per_s"], "iter_ms": row["iter_ms_median"]}
         for phase in ("io", "h2d", "forward", "backward", "update"):
             value = row.get(f"{phase}_ms")
-            item[f"{phase}_ms"] = math.nan if _missing(value) else float(value)
+            item[f"{phase}_ms"] = math.nan if missing(value) else float(value)
         rows.append(item)
     return pd.DataFrame(rows, columns=STUDY_SINGLE_COLUMNS).sort_values(["model", "framework"]).reset_index(drop=True)
-
-
-def flatten_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """Two-level columns (topology, quantity) -> 'topology ms' ... and the index as columns,
-    for CSV and Markdown."""
-    flat = table.copy()
-    if isinstance(flat.columns, pd.MultiIndex):
-        flat.columns = [" ".join(str(part) for part in col if str(part)) for col in flat.columns]
-    return flat.reset_index()
-
-
-LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
-
-
-def latex_escape(text) -> str:
-    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(text))
-
-
-def _latex_cell(value, fmt: str) -> str:
-    if _missing(value):
-        return "--"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return format(value, fmt)
-    return latex_escape(value)
-
-
-def to_latex(table: pd.DataFrame, caption: str = "", formats: dict[str, str] | None = None) -> str:
-    """A booktabs tabular (no pandas/jinja2 needed): two-level columns get \\multicolumn
-    group headers; the index becomes the leading columns; missing values are '--'."""
-    formats = formats or {}
-    frame = table.reset_index() if not isinstance(table.index, pd.RangeIndex) else table
-    columns = list(frame.columns)
-    two_level = isinstance(table.columns, pd.MultiIndex)
-    names = [c if isinstance(c, tuple) else (c, "") for c in columns]
-    kinds = ["r" if pd.api.types.is_numeric_dtype(frame[c]) else "l" for c in columns]
-    lines = ["% generated by dlcompare (analysis/tables.py)", r"\begin{tabular}{" + "".join(kinds) + "}",
-             r"\toprule"]
-    if two_level:
-        groups, rules, position = [], [], 1
-        k = 0
-        while k < len(names):
-            top = names[k][0] if names[k][1] else ""
-            span = 1
-            while top and k + span < len(names) and names[k + span][0] == top and names[k + span][1]:
-                span += 1
-            if top:
-                groups.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(top)}}}")
-                rules.append(rf"\cmidrule(lr){{{position}-{position + span - 1}}}")
-            else:
-                groups += [""] * span
-            position += span
-            k += span
-        lines.append(" & ".join(groups) + r" \\")
-        lines.append(" ".join(rules))
-        header = [latex_escape(sub if sub else top) for top, sub in names]
-    else:
-        header = [latex_escape(str(c).replace("_", " ")) for c in columns]
-    lines += [" & ".join(header) + r" \\", r"\midrule"]
-    for _, row in frame.iterrows():
-        cells = []
-        for column, (top, sub) in zip(columns, names):
-            key = sub or top
-            fmt = formats.get(key, formats.get(str(top), float_format(str(key))))
-            if fmt == "g":
-                fmt = ".3g"
-            cells.append(_latex_cell(row[column], fmt))
-        lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    if caption:
-        lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}", *lines, r"\end{table}"]
-    return "\n".join(lines) + "\n"
 
 
 STUDY_FORMATS = {"ms": ".1f", "S": ".2f", "E": ".2f", "images_per_s": ".1f", "iter_ms": ".1f", "io_ms": ".2f",
@@ -812,18 +711,9 @@ def write_study_tables(frame: pd.DataFrame, out_dir: str | Path,
     for name, (table, caption) in tables_.items():
         flat = flatten_columns(table) if name != "study_single" else table
         paths = {"md": folder / f"{name}.md", "csv": folder / f"{name}.csv", "tex": folder / f"{name}.tex"}
-        paths["md"].write_text(f"# {caption}\n\n{_study_markdown(flat)}", encoding="utf-8")
+        paths["md"].write_text(markdown_document(caption, flat, formats=STUDY_FORMATS), encoding="utf-8")
         flat.to_csv(paths["csv"], index=False)
         paths["tex"].write_text(to_latex(table, caption, STUDY_FORMATS), encoding="utf-8")
         written[name] = paths
     return written
 
-
-def _study_markdown(flat: pd.DataFrame) -> str:
-    if flat.empty:
-        return "_No rows._\n"
-    formats = []
-    for column in flat.columns:
-        last = str(column).rsplit(" ", 1)[-1]
-        formats.append(STUDY_FORMATS.get(last, STUDY_FORMATS.get(str(column), float_format(str(column)))))
-    return display_frame(flat).to_markdown(index=False, floatfmt=formats, missingval="—") + "\n"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from core.cli import comma_list
+
 
 class UnitError(ValueError):
     """A quantity that cannot be read; the message is one line and says what was expected."""
@@ -68,10 +70,9 @@ def parse_latency(text: str) -> float:
 
 
 def items(text: str, what: str) -> list[str]:
-    items = [part.strip() for part in str(text).split(",") if part.strip()]
-    if not items:
-        raise UnitError(f"{what} is empty")
-    return list(dict.fromkeys(items))
+    """The distinct items of a comma list, in order (`core.cli.comma_list`: an empty item is
+    an error)."""
+    return list(dict.fromkeys(comma_list(text, what, UnitError)))
 
 
 def parse_counts(text: str, what: str) -> list[int]:

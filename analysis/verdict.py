@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis import tables
+from analysis.rendering import missing
 
 TOPOLOGY_KEYS: list[str] = ["model", "device", "batch_per_worker", "nodes", "workers_per_node", "bandwidth",
                             "latency"]
@@ -130,7 +131,7 @@ def _configs(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _baseline_of(configs: pd.DataFrame, row: pd.Series, mode) -> pd.Series | None:
     """The one-worker configuration of the same scheme (the scaling table's choice of mode)."""
-    if tables._missing(mode):
+    if missing(mode):
         return None
     same = configs[(configs["model"] == row["model"]) & (configs["device"] == row["device"])
                    & (configs["batch_per_worker"] == row["batch_per_worker"])
@@ -140,7 +141,7 @@ def _baseline_of(configs: pd.DataFrame, row: pd.Series, mode) -> pd.Series | Non
 
 
 def _difference(now, then) -> float:
-    return math.nan if tables._missing(now) or tables._missing(then) else float(now) - float(then)
+    return math.nan if missing(now) or missing(then) else float(now) - float(then)
 
 
 def attribute(row: pd.Series, baseline: pd.Series | None) -> dict[str, float]:
@@ -151,19 +152,19 @@ def attribute(row: pd.Series, baseline: pd.Series | None) -> dict[str, float]:
     parts = {"compute": _difference(row["compute"], base.get("compute")),
              "comm": 0.0 if alone else float(row["comm_s"]) * (1.0 - min(1.0, max(0.0, float(row["overlap_f"])))),
              "skew": (max(0.0, float(row["arrival_sync"]) - float(row["arrival_mean"]))
-                      if not (tables._missing(row["arrival_sync"]) or tables._missing(row["arrival_mean"]))
+                      if not (missing(row["arrival_sync"]) or missing(row["arrival_mean"]))
                       and not alone else 0.0),
              "io": _difference(row["io_s"], base.get("io_s")),
              "update": _difference(row["update_s"], base.get("update_s"))}
     lost = _difference(row["t"], base.get("t"))
-    known = [v for v in parts.values() if not tables._missing(v)]
-    parts["rest"] = lost - sum(known) if not tables._missing(lost) else math.nan
+    known = [v for v in parts.values() if not missing(v)]
+    parts["rest"] = lost - sum(known) if not missing(lost) else math.nan
     parts["lost"] = lost
     return parts
 
 
 def _ms(value) -> str:
-    return "?" if tables._missing(value) else f"{value * 1e3:.1f} ms"
+    return "?" if missing(value) else f"{value * 1e3:.1f} ms"
 
 
 def _plural(count, word: str) -> str:
@@ -173,22 +174,22 @@ def _plural(count, word: str) -> str:
 
 def sharing_text(row: pd.Series, baseline: pd.Series | None) -> str:
     """Why each worker computes slower: how many shared the machine with how many threads."""
-    if row["device_kind"] != "cpu" or tables._missing(row["per_host"]) or tables._missing(row["threads"]):
+    if row["device_kind"] != "cpu" or missing(row["per_host"]) or missing(row["threads"]):
         return f"{_plural(row['workers_per_node'], 'worker')} per node"
     text = (f"{_plural(row['per_host'], 'worker')} × {_plural(row['threads'], 'thread')} on "
-            f"{_plural(row['cores'], 'core') if not tables._missing(row['cores']) else '? cores'}")
+            f"{_plural(row['cores'], 'core') if not missing(row['cores']) else '? cores'}")
     if row["oversub"] == 1:
         text += ", oversubscribed"
-    if baseline is not None and not tables._missing(baseline["threads"]):
+    if baseline is not None and not missing(baseline["threads"]):
         text += f"; one worker alone had {_plural(baseline['threads'], 'thread')}"
     return text
 
 
 def busy_text(row: pd.Series) -> str:
     """'other processes kept 1.3 of 2 cores busy', or '' on a quiet machine."""
-    if tables._missing(row["other"]) or row["other"] < BUSY_CORES:
+    if missing(row["other"]) or row["other"] < BUSY_CORES:
         return ""
-    cores = "" if tables._missing(row["cores"]) else f" of {int(row['cores'])}"
+    cores = "" if missing(row["cores"]) else f" of {int(row['cores'])}"
     return f"other processes kept {row['other']:.1f}{cores} cores busy"
 
 
@@ -199,15 +200,15 @@ def cause_text(row: pd.Series, baseline: pd.Series | None, parts: dict[str, floa
     if baseline is None:
         known = ", ".join(f"{CAUSE_NAMES[c]} {_ms(parts[c])}" for c in ("comm", "skew") if parts[c] > 0)
         return "", ("no one-worker run of this scheme to compare with" + (f"; {known}" if known else ""))
-    if not tables._missing(efficiency) and efficiency > SUPERLINEAR:
+    if not missing(efficiency) and efficiency > SUPERLINEAR:
         reasons = [f"its one-worker run took {baseline['t'] * 1e3:.1f} ms "
                    f"(p10–p90 {baseline['t_p10'] * 1e3:.1f}–{baseline['t_p90'] * 1e3:.1f})"]
         if busy_text(baseline):
             reasons.append(busy_text(baseline) + " during it")
         return "baseline", "faster than ideal: " + "; ".join(reasons) + \
             ", so the baseline is suspect: measure it again"
-    ranked = sorted(((parts[c], c) for c in CAUSES if not tables._missing(parts[c])), reverse=True)
-    if tables._missing(parts["lost"]) or parts["lost"] <= 0:
+    ranked = sorted(((parts[c], c) for c in CAUSES if not missing(parts[c])), reverse=True)
+    if missing(parts["lost"]) or parts["lost"] <= 0:
         return "", f"no time lost against one worker ({_ms(parts['lost'])} per iteration)"
     lead = f"{_ms(parts['lost'])} more per iteration than one worker"
     if not ranked or ranked[0][0] <= 0:
@@ -236,7 +237,7 @@ def _cause_piece(cause: str, row: pd.Series, baseline: pd.Series, parts: dict[st
         return text + (f"; {busy_text(row)}" if busy_text(row) else "")
     if cause == "comm":
         hidden = f"{100 * float(row['overlap_f']):.0f}% of {_ms(row['comm_s'])} hidden behind backward"
-        model = "" if tables._missing(row["comm_model"]) else f"; the model predicts {_ms(row['comm_model'])}"
+        model = "" if missing(row["comm_model"]) else f"; the model predicts {_ms(row['comm_model'])}"
         return f"exposed communication {value} ({hidden}{model})"
     if cause == "skew":
         return f"skew between ranks {value} (the slowest rank reaches the exchange this much after the average)"
@@ -251,7 +252,7 @@ def flags_text(row: pd.Series) -> str:
                      f"on {_plural(row['cores'], 'core')}")
     if busy_text(row):
         flags.append("busy machine: " + busy_text(row))
-    if not tables._missing(row["t"]) and row["t"] > 0 and not tables._missing(row["t_p90"]):
+    if not missing(row["t"]) and row["t"] > 0 and not missing(row["t_p90"]):
         spread = (row["t_p90"] - row["t_p10"]) / row["t"]
         if spread > NOISY_SPREAD:
             flags.append(f"noisy: p10–p90 spans {100 * spread:.0f}% of the median")
@@ -304,7 +305,7 @@ def _ranked(table: pd.DataFrame) -> pd.DataFrame:
         if len(ranked) > 1:
             first, second = ranked.iloc[0], ranked.iloc[1]
             ranked.loc[first.name, "margin_pct"] = (first["images_per_s"] / second["images_per_s"] - 1) * 100
-            known = not (tables._missing(first["iter_ms_p90"]) or tables._missing(second["iter_ms_p10"]))
+            known = not (missing(first["iter_ms_p90"]) or missing(second["iter_ms_p10"]))
             # one topology, one per-worker batch: the faster one's slowest repeats still beat the other's fastest
             ranked.loc[first.name, "beyond_spread"] = bool(first["iter_ms_p90"] < second["iter_ms_p10"]) \
                 if known else None
@@ -319,7 +320,7 @@ def topology_title(row: pd.Series) -> str:
     nodes, per_node = int(row["nodes"]), int(row["workers_per_node"])
     parts = [str(row["model"]), f"{_plural(nodes, 'node')} × {_plural(per_node, 'worker')}",
              f"batch {int(row['batch_per_worker'])}/worker", str(row["device"])]
-    parts += [str(v) for v in (row["bandwidth"], row["latency"]) if not tables._missing(v) and str(v)]
+    parts += [str(v) for v in (row["bandwidth"], row["latency"]) if not missing(v) and str(v)]
     return " · ".join(parts)
 
 

@@ -11,8 +11,9 @@ eight minutes, with the frameworks of an environment the machine already has.
 Every number comes from the project's own code: each section is a campaign of
 `python -m launchers.compare` (or `launchers.calibrate`) with `--python torch=PATH` (the
 framework's ranks in the given interpreter, not a built virtualenv) and `--device gpu`, all into
-one campaign folder (results.sqlite, the report), from which this script writes the study's
-tables under `<out>/gpu_study/` (Markdown and CSV) and `<out>/gpu_study.md` (all of them):
+one campaign folder (results.sqlite, the report), from which the study's tables
+(`analysis.gpu_study_tables`) are written under `<out>/gpu_study/` (Markdown and CSV) and
+`<out>/gpu_study.md` (all of them):
 
 - gpu_phases: PyTorch on one GPU, AlexNet / GoogleNet / ResNet-50 at the study's per-GPU
   batches 1024 / 128 / 32: io, h2d, forward, backward, update, iteration time, images/s (JAX's
@@ -32,33 +33,31 @@ what a device machine's $OUT brings back.
 
 The launcher itself runs in this interpreter with DLCOMPARE_NO_BOOTSTRAP=1 (no virtualenv is
 built); the packages it needs that this interpreter lacks (rich, tabulate, psutil, Pillow,
-PyYAML) are unpacked from the wheels `--prepare` downloaded (`--wheels`, default .gpu_wheels/,
-ignored by git; carry it along).  NumPy, pandas, matplotlib and seaborn must be there already.
+PyYAML, Jinja2) are unpacked from the wheels `--prepare` downloaded (`launchers.wheels`; `--wheels`,
+default .gpu_wheels/, ignored by git; carry it along).  NumPy, pandas, matplotlib and seaborn
+must be there already.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.registry import FRAMEWORKS, framework_info
 from bench import run_command
-from core.cli import OneLineParser, fail
+from core.cli import OneLineParser, comma_list_type, fail
 from core.envs import REPO_ROOT, ensure_environment, reexec_in_host_env
 from launchers.interpreters import InterpreterError, probe_interpreter, versions_line
+from launchers.wheels import (LAUNCHER_PACKAGES, REQUIRED_HERE, StagingError, installed_version,
+                              prepare_wheels, present, supply_packages)
 from models import model_facts
 
 STUDY_BATCH = {name: model_facts(name).default_batch["gpu"] for name in ("alexnet", "googlenet", "resnet50")}
@@ -81,15 +80,6 @@ LEAST_S = {"gpu": 45.0, "cpu": 20.0}
 
 GPU_PYTHON = "3.12"  # the interpreter of the device machine the wheels are for
 DEFAULT_WHEELS = REPO_ROOT / ".gpu_wheels"
-# Packages the launcher imports that a GPU node's python may lack, by import name: the
-# distribution whose wheel supplies it (rich's own dependencies with it).
-WHEEL_PACKAGES = {"rich": "rich", "markdown_it": "markdown-it-py", "mdurl": "mdurl",
-                  "pygments": "pygments", "tabulate": "tabulate", "psutil": "psutil",
-                  "PIL": "pillow", "yaml": "PyYAML"}
-PINNED_WHEELS = ("rich", "tabulate", "psutil", "pillow", "PyYAML")  # versions of envs/host.txt
-# The launcher's packages carried by no wheel (too large; a GPU node's Python has them)
-REQUIRED_HERE = ("numpy", "pandas", "matplotlib", "seaborn")
-WORKER_PACKAGES = ("numpy", "PIL")
 
 # A campaign's label -> (what it adds to the baseline's flags, whether a CPU has it too)
 VARIANTS = {
@@ -115,103 +105,6 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-# --------------------------------------------------------------------------- wheels
-
-def host_pins() -> dict[str, str]:
-    """name (lower case) -> version pinned in envs/host.txt."""
-    pins = {}
-    for line in (REPO_ROOT / "envs" / "host.txt").read_text().splitlines():
-        name, sep, version = line.split("#")[0].strip().partition("==")
-        if sep:
-            pins[name.lower()] = version.strip()
-    return pins
-
-
-def prepare_wheels(folder: Path, python_version: str = GPU_PYTHON) -> int:
-    """Download (here, online) the wheels of the launcher's packages for the GPU node's
-    Python, at envs/host.txt's pins, and say how much they and the repository weigh."""
-    pins = host_pins()
-    requirements = [f"{name}=={pins[name.lower()]}" for name in PINNED_WHEELS]
-    folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-               "--only-binary=:all:", "--implementation", "cp", "--python-version", python_version,
-               "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
-               "-d", str(folder), *requirements]
-    if subprocess.run(command).returncode != 0:
-        return fail("pip could not download the wheels (is PyPI reachable from here?)", 1)
-    wheels = sum(path.stat().st_size for path in folder.glob("*.whl"))
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True).stdout
-    repository = sum((REPO_ROOT / name).stat().st_size for name in tracked.decode().split("\0")
-                     if name and (REPO_ROOT / name).is_file())
-    log(f"wheels: {wheels / 2**20:.1f} MiB in {folder}; repository: {repository / 2**20:.1f} MiB; "
-        f"together {(wheels + repository) / 2**20:.1f} MiB of the 64 MiB a device call carries")
-    return 0
-
-
-def present(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
-
-
-def wheel_for(folder: Path, distribution: str) -> Path | None:
-    normal = re.sub(r"[-_.]+", "_", distribution).lower()
-    return next((wheel for wheel in sorted(folder.glob("*.whl"))
-                 if wheel.name.split("-")[0].lower() == normal), None)
-
-
-def unpack_missing(names: list[str], wheels: Path, site: Path) -> list[str]:
-    """Unpack the wheels of the import `names` into `site` (a wheel is a zip of what
-    site-packages holds); the names no wheel supplies."""
-    lacking = []
-    for name in names:
-        wheel = wheel_for(wheels, WHEEL_PACKAGES.get(name, name))
-        if wheel is None:
-            lacking.append(name)
-            continue
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(site)
-        log(f"  {name}: unpacked {wheel.name}")
-    return lacking
-
-
-def missing_in(python: str, names) -> list[str]:
-    """The import names another interpreter cannot find."""
-    code = "import importlib.util, sys; print(' '.join(n for n in sys.argv[1:] if not importlib.util.find_spec(n)))"
-    result = subprocess.run([python, "-c", code, *names], capture_output=True, text=True, timeout=60)
-    return result.stdout.split()
-
-
-def supply_packages(framework_pythons: dict[str, str], wheels: Path, site: Path) -> dict[str, str]:
-    """Make the launcher's packages importable here (and in every child), and the worker's in
-    each framework interpreter, from the wheels where missing; returns the framework
-    interpreters to use (a wrapper that adds the unpacked wheels where one needed them)."""
-    missing = [name for name in WHEEL_PACKAGES if not present(name)]
-    lacking_workers = {framework: missing_in(python, WORKER_PACKAGES)
-                       for framework, python in framework_pythons.items()}
-    wanted = list(dict.fromkeys(missing + [n for names in lacking_workers.values() for n in names]))
-    if wanted:
-        log(f"from the wheels in {wheels}: {', '.join(wanted)}")
-        site.mkdir(parents=True, exist_ok=True)
-        lacking = unpack_missing(wanted, wheels, site)
-        if lacking:
-            raise SystemExit(fail(f"{', '.join(lacking)} missing here and not among the wheels in "
-                                  f"{wheels} (python -m bench.gpu_study --prepare downloads them)"))
-        sys.path.insert(0, str(site))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    chosen = {}
-    for framework, python in framework_pythons.items():
-        chosen[framework] = python if not lacking_workers[framework] else wrapper(python, site)
-    return chosen
-
-
-def wrapper(python: str, site: Path) -> str:
-    """An executable that runs `python` with the unpacked wheels on its path: the ranks' own
-    PYTHONPATH is the repository's alone (launchers/local.py)."""
-    path = site / f"python-{hashlib.sha256(python.encode()).hexdigest()[:8]}"
-    path.write_text(f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"\n')
-    path.chmod(0o755)
-    return str(path)
-
-
 # --------------------------------------------------------------------------- inventory
 
 def gpu_inventory() -> list[str]:
@@ -226,23 +119,13 @@ def gpu_inventory() -> list[str]:
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 
 
-def package_version(name: str) -> str | None:
-    if not present(name):
-        return None
-    distribution = WHEEL_PACKAGES.get(name, name)
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "present"
-
-
 def inventory(pythons: dict[str, str]) -> dict:
     """What this run can tell before measuring: the interpreter, the GPUs, every framework
     interpreter's versions (or why it cannot run), the launcher's packages here."""
     facts = {"python": sys.version.split()[0], "executable": sys.executable,
              "cpu_count": os.cpu_count(), "gpus": gpu_inventory(), "frameworks": {},
-             "packages": {name: package_version(name) for name in
-                          (*REQUIRED_HERE, *WHEEL_PACKAGES, "mpi4py")}}
+             "packages": {name: installed_version(name) for name in
+                          (*REQUIRED_HERE, *LAUNCHER_PACKAGES, "mpi4py")}}
     for name, python in pythons.items():
         try:
             facts["frameworks"][name] = {"interpreter": python,
@@ -381,203 +264,21 @@ def failure_line(path: Path) -> str:
 
 # --------------------------------------------------------------------------- tables
 
-def phase_ms(record: dict, phase: str) -> float | None:
-    for entry in record.get("phases") or []:
-        if entry["phase"] == phase and entry.get("measured_s") is not None:
-            return entry["measured_s"] * 1e3
-    return None
-
-
-def rounded(value, digits: int = 2):
-    return None if value is None else round(float(value), digits)
-
-
-class Tables:
-    """The study's tables from the campaign's records, each run found by the variant that
-    made it (Study.run_ids), each row saying why it is empty where it is."""
-
-    def __init__(self, study: Study, records: list[dict], calibrations: list[dict]):
-        self.study, self.calibrations = study, calibrations
-        self.by_id = {record["run_id"]: record for record in records}
-
-    def record(self, label: str, model: str) -> dict | None:
-        found = [self.by_id[i] for i in self.study.run_ids.get(label, []) if i in self.by_id]
-        return next((r for r in found if r["model"] == model), None)
-
-    def status(self, label: str, record: dict | None) -> str:
-        if record is None:
-            return self.study.statuses.get(label, "not run")
-        if record["status"] != "ok":
-            lines = [line for line in (record.get("error") or "").splitlines() if line.strip()]
-            return f"{record['status']}: {lines[-1][:120] if lines else ''}"
-        return "measured"
-
-    def timing(self, label: str, model: str) -> dict:
-        """The common columns of one variant's run of `model`."""
-        record = self.record(label, model)
-        row = {"status": self.status(label, record)}
-        if record is None or record["status"] != "ok":
-            return row
-        for phase in ("io", "h2d", "forward", "backward", "update"):
-            row[f"{phase}_ms"] = rounded(phase_ms(record, phase))
-        row.update(iteration_ms=rounded(record["iter_time_median"] * 1e3),
-                   p10_ms=rounded(record["iter_time_p10"] * 1e3),
-                   p90_ms=rounded(record["iter_time_p90"] * 1e3),
-                   images_per_s=rounded(record["throughput"], 1))
-        return row
-
-    def gpu_phases(self):
-        rows = []
-        for label, framework in (("baseline", "torch"), ("jax", "jax")):
-            if label == "jax" and label not in self.study.statuses:
-                continue
-            for model, batch in self.study.batches.items():
-                row = {"framework": framework_info(framework).label if framework in FRAMEWORKS else framework,
-                       "model": model, "batch": batch, **self.timing(label, model)}
-                phases = [row.get(f"{p}_ms") for p in ("io", "h2d", "forward", "backward", "update")]
-                if all(p is not None for p in phases) and sum(phases) > 0:
-                    row["phases_ms"] = rounded(sum(phases))
-                    row["io_h2d_pct"] = rounded(100 * (phases[0] + phases[1]) / sum(phases), 1)
-                rows.append(row)
-        return rows
-
-    def cudnn_layout(self):
-        rows = []
-        for model, batch in self.study.batches.items():
-            baseline = self.timing("baseline", model).get("iteration_ms")
-            for label, layout, benchmark in (("baseline", "NCHW", "on"), ("cudnn-off", "NCHW", "off"),
-                                             ("nhwc", "NHWC", "on"), ("nhwc-cudnn-off", "NHWC", "off")):
-                timing = self.timing(label, model)
-                if self.study.device == "cpu":
-                    benchmark = "n/a on CPU"
-                rows.append({"model": model, "batch": batch, "layout": layout,
-                             "cudnn_benchmark": benchmark, "status": timing["status"],
-                             "forward_ms": timing.get("forward_ms"), "backward_ms": timing.get("backward_ms"),
-                             "iteration_ms": timing.get("iteration_ms"),
-                             "images_per_s": timing.get("images_per_s"),
-                             "speedup": rounded(baseline / timing["iteration_ms"], 3)
-                             if baseline and timing.get("iteration_ms") else None})
-        return rows
-
-    def h2d(self):
-        from models import get_model  # NumPy: imported once the launcher's packages are there
-
-        rows = []
-        for model, batch in self.study.batches.items():
-            channels, height, width = get_model(model).input_shape
-            nbytes = batch * (channels * height * width * 4 + 8)  # float32 images, int64 labels
-            row = {"model": model, "batch": batch, "batch_MB": rounded(nbytes / 1e6, 1)}
-            for label, memory in (("baseline", "pinned"), ("pageable", "pageable")):
-                timing = self.timing(label, model)
-                row[f"{memory}_status"] = ("n/a on CPU: no copy" if self.study.device == "cpu"
-                                           else timing["status"])
-                row[f"{memory}_io_ms"] = timing.get("io_ms")
-                row[f"{memory}_h2d_ms"] = timing.get("h2d_ms")
-                h2d = timing.get("h2d_ms")
-                row[f"{memory}_GBps"] = (rounded(nbytes / (h2d / 1e3) / 1e9, 1)
-                                         if h2d and self.study.device == "gpu" else None)
-            rows.append(row)
-        return rows
-
-    def precision(self):
-        rows = []
-        for model, batch in self.study.batches.items():
-            baseline = self.timing("baseline", model).get("images_per_s")
-            for label, precision in (("baseline", "float32"), ("tf32", "tf32"), ("bfloat16", "bfloat16")):
-                timing = self.timing(label, model)
-                rows.append({"model": model, "batch": batch, "precision": precision,
-                             "status": timing["status"], "forward_ms": timing.get("forward_ms"),
-                             "backward_ms": timing.get("backward_ms"),
-                             "iteration_ms": timing.get("iteration_ms"),
-                             "images_per_s": timing.get("images_per_s"),
-                             "speedup": rounded(timing["images_per_s"] / baseline, 3)
-                             if baseline and timing.get("images_per_s") else None})
-        return rows
-
-    def contention(self):
-        """The 2-rank calibration: its fit and the contention shares it found."""
-        fits = [c for c in self.calibrations if c["framework"] == "torch" and c["world_size"] == 2
-                and c["device_kind"] == self.study.device]
-        status = self.study.statuses.get("calibration", "not run")
-        if not fits:
-            return [{"calibration": "PyTorch all-reduce, 2 ranks", "status": status}]
-        fit = fits[-1]
-        probe = (fit.get("extra") or {}).get("contention") or {}
-        slowdowns = sorted(w / a for w, a in zip(probe.get("with_s") or [], probe.get("alone_s") or []) if a)
-        return [{"calibration": f"PyTorch {fit['transport']} all-reduce, 2 ranks", "status": status,
-                 "alpha_us": rounded(fit["alpha_s"] * 1e6, 1),
-                 "bandwidth_GBps": rounded(1 / fit["beta_s_per_byte"] / 1e9, 2) if fit["beta_s_per_byte"] else None,
-                 "fit_error_pct": rounded(100 * fit["rel_rmse"], 1),
-                 "backward_slowdown_pct": rounded(100 * (slowdowns[len(slowdowns) // 2] - 1), 1) if slowdowns else None,
-                 "kappa": rounded(fit.get("contention"), 3), "kappa_c": rounded(fit.get("transfer_contention"), 3)}]
-
-    def overlap(self):
-        """The 2-rank training run beside the 1-rank one."""
-        model, batch = CONTENTION_MODEL[self.study.device]
-        one, two = self.timing("baseline", model), self.timing("two-ranks", model)
-        record = self.record("two-ranks", model)
-        row = {"model": model, "batch": batch, "status": two["status"], "one_rank_ms": one.get("iteration_ms"),
-               "two_ranks_ms": two.get("iteration_ms"), "backward_ms": two.get("backward_ms")}
-        if record is not None and record["status"] == "ok":
-            extra = record.get("extra") or {}
-            row.update(comm_ms=rounded(phase_ms(record, "comm")),
-                       backward_comm_ms=rounded((extra.get("profile_backward_comm") or 0) * 1e3),
-                       overlap=rounded(record["overlap"], 3),
-                       predicted_ms=rounded((record.get("predicted_iter_time") or 0) * 1e3) or None,
-                       ranks_per_gpu=extra.get("ranks_per_gpu"), backend=extra.get("backend"))
-        return [row]
-
-
-TABLES = {  # name -> (title, what it answers), in the order the sections run
-    "gpu_phases": ("One GPU: phases per iteration",
-                   "PyTorch (and JAX) on one device at the study's per-GPU batches; phases from the "
-                   "synchronised profile, iteration and images/s from the timed loops (median, p10-p90)."),
-    "h2d": ("Host-to-device copies: pinned vs pageable",
-            "A batch (float32 images, int64 labels) copied from page-locked memory (the page-locking "
-            "copy is in io) or from pageable memory; GB/s = bytes / h2d phase."),
-    "contention": ("Two ranks on one device: contention",
-                   "The 2-rank calibration (launchers.calibrate): alpha and bandwidth of the all-reduce, "
-                   "the probe's median slowdown of backward while gradients are sent, and the shares "
-                   "the model fits to it: kappa (backward slowed by transfers), kappa_c (transfers "
-                   "slowed by backward)."),
-    "overlap": ("Two ranks on one device: overlap",
-                "A 2-rank DDP run beside the 1-rank one: separated backward and comm, overlapped "
-                "backward+comm, overlap = the share of comm hidden behind backward, and the "
-                "performance model's prediction with the calibration above."),
-    "cudnn_layout": ("cuDNN autotuning x memory layout",
-                     "Forward and backward per model with cuDNN's autotuner on or off, NCHW or NHWC; "
-                     "speedup = NCHW-with-autotuning iteration / this one."),
-    "precision": ("float32 vs TF32 vs bfloat16",
-                  "float32 with TF32 math off, TF32 tensor-core math, bfloat16 autocast (float32 "
-                  "weights); speedup = images/s over float32's."),
-}
-
-
-def measured_with(versions: dict) -> str:
-    """' PyTorch 2.5.1, CUDA 12.4, cuDNN 90100, NCCL 2.21.5; Python 3.12.3 (PATH).' from a
-    run's environment; '' without one."""
-    if not versions:
-        return ""
-    libraries = ", ".join(f"{label} {versions[key]}" for key, label in (
-        ("torch", "PyTorch"), ("cuda", "CUDA"), ("cudnn", "cuDNN"), ("nccl", "NCCL")) if versions.get(key))
-    interpreter = versions.get("python_override") or versions.get("python_executable") or "?"
-    return f" {libraries}; Python {versions.get('python', '?')} ({interpreter})."
-
-
 def write_tables(study: Study, facts: dict, started: float) -> Path:
     """Every table as gpu_study/<name>.md and .csv, and all of them in gpu_study.md."""
-    import pandas as pd  # the launcher's packages are importable only once supply_packages ran
+    # the launcher's packages (pandas) are importable only once supply_packages ran
+    import pandas as pd
 
+    from analysis.gpu_study_tables import StudyRuns, StudyTables, measured_with, write_study_tables
+    from analysis.rendering import to_markdown
     from analysis.store import ResultStore
-    from analysis.tables import to_markdown
 
-    folder = study.out / "gpu_study"
-    folder.mkdir(parents=True, exist_ok=True)
     records, calibrations = [], []
     if (study.out / "results.sqlite").exists():
         with ResultStore.for_campaign(study.out, create=False) as store:
             records, calibrations = store.records(), store.calibrations()
-    tables = Tables(study, records, calibrations)
+    runs = StudyRuns(device=study.device, batches=study.batches, two_ranks=CONTENTION_MODEL[study.device],
+                     run_ids=study.run_ids, statuses=study.statuses)
     versions = next((r["env"] for r in records if r["status"] == "ok" and r["framework"] == "torch"), {})
     device = next((r["device_name"] for r in records if r["status"] == "ok"), None) or "; ".join(facts["gpus"])
     parts = [f"# The study's single-GPU questions on {device or 'this machine'}\n",
@@ -587,12 +288,7 @@ def write_tables(study: Study, facts: dict, started: float) -> Path:
              "## Sections\n", to_markdown(pd.DataFrame(
                  [{"section": name, **value} for name, value in study.sections.items()])
                  if study.sections else pd.DataFrame())]
-    for name, (title, description) in TABLES.items():
-        frame = pd.DataFrame(getattr(tables, name)())
-        frame.to_csv(folder / f"{name}.csv", index=False)
-        text = f"## {title}\n\n{description}\n\n{to_markdown(frame)}"
-        (folder / f"{name}.md").write_text(f"#{text}")
-        parts.append(text)
+    parts += write_study_tables(StudyTables(runs, records, calibrations), study.out / "gpu_study")
     path = study.out / "gpu_study.md"
     path.write_text("\n".join(parts) + "\n")
     (study.out / "gpu_study_inventory.json").write_text(json.dumps(facts, indent=1))
@@ -663,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "DLCOMPARE_NO_BOOTSTRAP=1, else the torch virtualenv)")
     parser.add_argument("--jax-python", default=None,
                         help="the interpreter of JAX's ranks (default: --python's, if it imports JAX)")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
+    parser.add_argument("--sections", type=comma_list_type, default=",".join(SECTIONS),
                         help="comma list, in this order: %(default)s")
     parser.add_argument("--wheels", default=str(DEFAULT_WHEELS),
                         help="wheels of the launcher's packages (default: %(default)s)")
@@ -689,11 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if args.prepare:
-        return prepare_wheels(Path(args.wheels), args.wheel_python)
-    sections = [name.strip() for name in args.sections.split(",") if name.strip()]
+        try:
+            prepare_wheels(Path(args.wheels), args.wheel_python, log)
+        except StagingError as error:
+            return fail(error, 1)
+        return 0
+    sections = args.sections
     unknown = [name for name in sections if name not in SECTIONS]
-    if unknown or not sections:
-        return fail(f"--sections: unknown {', '.join(unknown) or 'empty list'} (known: {', '.join(SECTIONS)})")
+    if unknown:
+        return fail(f"--sections: unknown {', '.join(unknown)} (known: {', '.join(SECTIONS)})")
     if args.deadline <= RESERVE_S:
         return fail(f"--deadline must be above {RESERVE_S:.0f} s")
     here = os.environ.get("DLCOMPARE_NO_BOOTSTRAP") == "1"
@@ -709,8 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     absent = [name for name in REQUIRED_HERE if not present(name)]
     if absent:
         return fail(f"this interpreter lacks {', '.join(absent)}, which the launcher needs")
-    pythons = supply_packages(framework_pythons(args, here), Path(args.wheels),
-                              Path(os.environ.get("TMPDIR", "/tmp")) / "dlcompare-gpu-study-site")
+    try:
+        pythons = supply_packages(framework_pythons(args, here), Path(args.wheels),
+                                  Path(os.environ.get("TMPDIR", "/tmp")) / "dlcompare-gpu-study-site", log)
+    except StagingError as error:
+        return fail(error)
     facts = inventory(pythons)
     for line in inventory_lines(facts):
         log(line)

@@ -21,13 +21,14 @@ import tempfile
 from pathlib import Path
 
 from adapters.base import RunConfig
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 from core.envs import REPO_ROOT, ensure_environment
 from launchers.local import run_local
 
 
 def floats(text: str) -> list[float]:
-    return [float(part) for part in text.split(",") if part.strip()]
+    """A comma list of numbers (an argparse ``type``)."""
+    return [float(part) for part in comma_list_type(text)]
 
 
 def main(argv: list[str]) -> int:
@@ -35,9 +36,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", default="googlenet")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--modes", default="gloo,mpi")
-    parser.add_argument("--fusion-mb", default="0,4,128")
-    parser.add_argument("--cycle-ms", default="1")
+    parser.add_argument("--modes", type=comma_list_type, default="gloo,mpi")
+    parser.add_argument("--fusion-mb", type=floats, default="0,4,128")
+    parser.add_argument("--cycle-ms", type=floats, default="1")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile-iterations", type=int, default=3)
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-horovod-") as tmp:
         for mode, fusion_mb, cycle_ms in itertools.product(
-                args.modes.split(","), floats(args.fusion_mb), floats(args.cycle_ms)):
+                args.modes, args.fusion_mb, args.cycle_ms):
             name = f"{mode}-f{fusion_mb:g}-c{cycle_ms:g}"
             out = Path(tmp) / name
             config = RunConfig(

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from bench import run_compare
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 from core.envs import EnvUnavailable, ensure_environment, reexec_in_host_env
 
 # Measured on this machine kind (2-core CPU VM, 2026-12; median |error| over the three tiny
@@ -70,22 +70,22 @@ def scheme_medians(table) -> dict[str, float]:
 
 
 def show(table) -> None:
-    from analysis import tables
+    from analysis.rendering import to_markdown
 
-    print(tables.to_markdown(table[["framework_label", "mode", "model", "measured_ms", "predicted_ms",
-                                    "error_pct", "basis"]]), flush=True)
+    print(to_markdown(table[["framework_label", "mode", "model", "measured_ms", "predicted_ms",
+                             "error_pct", "basis"]]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/bench-loopback-prediction")
-    parser.add_argument("--schemes", help="comma-separated compare names (default: every synchronous "
+    parser.add_argument("--schemes", type=comma_list_type, help="comma-separated compare names (default: every synchronous "
                                           "scheme, and real CNTK where it installs)")
     parser.add_argument("--limit", type=float, default=TARGET)
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.loopback_prediction", argv)
-    schemes = args.schemes.split(",") if args.schemes else schemes_to_hold()
+    schemes = args.schemes or schemes_to_hold()
     out = Path(args.out).resolve()
     print(json.dumps({"machine": platform.node(), "cpu_count": os.cpu_count(),
                       "load_average": os.getloadavg()}), flush=True)

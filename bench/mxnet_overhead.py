@@ -4,15 +4,15 @@ profile mode costs against throughput mode.
     python -m bench.mxnet_overhead [--models alexnet,googlenet,resnet50] [--batch N]
 
 Runs in the MXNet environment (it re-executes itself there). Both loops train the same
-hybridized Gluon network (built from the same description by adapters.mxnet.Network, same
-canonical weights, same batch already in MXNet memory, same threads), one process, one CPU
-context, no kvstore (Gluon's own single-device path). The plain loop is the textbook one:
+hybridized Gluon network (built from the same description by adapters.mxnet.model.Network,
+same canonical weights, same batch already in MXNet memory, same threads), one process, one
+CPU context, no kvstore (Gluon's own single-device path). The plain loop is the textbook one:
 
     with autograd.record(): loss = loss_fn(net(x), y)
     loss.backward(); trainer.step(batch)
 
 The adapter's `step()` adds its input iterator and the Bessel correction of BatchNorm's
-running variance (adapters/mxnet.py UnbiasedRunningVar). Rounds are interleaved so machine
+running variance (adapters/mxnet/model.py UnbiasedRunningVar). Rounds are interleaved so machine
 noise hits both alike; the ratio is of medians. Target: adapter / plain <= 1.05. Without
 --batch each model runs at the campaign's default CPU batch (launchers/plan.py).
 """
@@ -24,7 +24,7 @@ import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 
 
 def plain_step(network, trainer, loss_fn, images, labels, batch: int):
@@ -47,7 +47,9 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
     from adapters.base import DistInfo, RunConfig
     from adapters.data import synthetic_batch
-    from adapters.mxnet import MXNetTrainer, Network, mkldnn_active
+    from adapters.mxnet.base import mkldnn_active
+    from adapters.mxnet.model import Network
+    from adapters.mxnet.trainer import MXNetTrainer
     from models import canonical_weights, get_model
 
     spec = get_model(model)
@@ -89,7 +91,7 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--models", type=comma_list_type, default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=None,
                         help="per-step batch (default: the campaign's CPU default per model)")
     parser.add_argument("--iterations", type=int, default=5)
@@ -107,7 +109,7 @@ def main() -> int:
     print(json.dumps({"python": platform.python_version(), "mxnet": mx.__version__,
                       "cpu_count": threads, "omp_num_threads": os.environ["OMP_NUM_THREADS"],
                       "mkldnn": os.environ.get("MXNET_MKLDNN_ENABLED", "1")}))
-    for model in args.models.split(","):
+    for model in args.models:
         batch = args.batch or default_batch(model, "cpu")
         print(json.dumps(measure(model, batch, args.iterations, args.rounds, threads)),
               flush=True)

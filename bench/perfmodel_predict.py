@@ -8,8 +8,8 @@ fresh interpreter):
 - ``--from``: a throw-away campaign with one-worker ResNet-50 profiles of three schemes
   (DDP-like buckets, whole gradient after backward, layer-wise tensors) and a calibration,
   predicted with the catalogue too (9 schemes), writing CSV, Markdown and the PNG plot;
-- ``--cluster examples/cluster.toml``: every framework scheme the what-if offers
-  (``--schemes study``: the catalogue's synchronous, modelled schemes that span nodes) on the
+- ``--cluster-file examples/cluster.toml``: every framework scheme the what-if offers
+  (``--frameworks study``: the catalogue's synchronous, modelled schemes that span nodes) on the
   described cluster's hierarchy, compute from ResNet-50's FLOPs: the answer (rows and table),
   the CLI with --json, and the CLI writing its files.
 
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line("in process (read store, predict, write csv/md/png):", inside, inside_cpu))
         print(line("CLI, fresh interpreter:", fresh, fresh_cpu))
 
-        cluster = ["--cluster", str(REPO_ROOT / "examples" / "cluster.toml"), "--model", "resnet50",
-                   "--schemes", "study", *GRID]
+        cluster = ["--cluster-file", str(REPO_ROOT / "examples" / "cluster.toml"), "--model", "resnet50",
+                   "--frameworks", "study", *GRID]
 
         def answer():
             rows = predict.run(predict.build_parser().parse_args([*cluster, "--no-files"]))[0]
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                                        rounds)
         json_wall, json_cpu = fresh_cli([*cluster, "--json"], rounds)
         files_wall, files_cpu = fresh_cli([*cluster, "--out", tmp], rounds)
-        print(f"what-if --cluster, resnet50, 4 nodes x 3 bandwidths x 2 latencies x {len({r['scheme'] for r in rows})} "
+        print(f"what-if --cluster-file, resnet50, 4 nodes x 3 bandwidths x 2 latencies x {len({r['scheme'] for r in rows})} "
               f"study schemes = {len(rows)} predictions")
         print(line("in process, the answer (read the file, predict, table):", answers, answers_cpu))
         print(line("in process, with csv/md/png written:", files, files_in_cpu))

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     reexec_in_host_env("bench.published_validation", argv)
     import pandas as pd  # after the re-exec: the launcher's environment has pandas
 
-    from analysis import published, tables
+    from analysis import published, rendering
 
     started = time.perf_counter()
     try:
@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     if args.rows:
         table = pd.DataFrame(rows).drop(columns=["model"])
-        print(tables.to_markdown(table.round({"published": 3, "predicted": 3, "without": 3, "flat": 3,
+        print(rendering.to_markdown(table.round({"published": 3, "predicted": 3, "without": 3, "flat": 3,
                                               "device_efficiency": 3, "error_points": 1,
                                               "without_error_points": 1, "flat_error_points": 1})))
         print()
-    print(tables.to_markdown(pd.DataFrame(published.summary(rows)).round(1)))
+    print(rendering.to_markdown(pd.DataFrame(published.summary(rows)).round(1)))
     median = published.median_abs_points(rows, "error_points")
     worst = published.max_abs_points(rows, "error_points")
     print(f"\nmodel: median |error| {median:.1f} points (target <= {MEDIAN_TARGET_POINTS:.0f}: "

@@ -23,7 +23,7 @@ import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 from models import model_facts
 
 
@@ -41,18 +41,17 @@ def keras_model(spec, weights, dropout: bool):
     converter = TFModel(spec, "NHWC", dropout)  # only for the canonical -> TF conversions
     assignments = []  # (keras weight, value)
 
-    def build(node, x, shape):
-        if isinstance(node, L.Sequential):
-            for child in node.layers:
-                x = build(child, x, shape)
-                shape = spec.output_shape(child, shape)
-            return x
-        if isinstance(node, L.Concat):
-            return keras.layers.Concatenate(axis=-1)([build(b, x, shape) for b in node.branches])
-        if isinstance(node, L.Residual):
-            short = x if node.shortcut is None else build(node.shortcut, x, shape)
-            return keras.layers.Add()([build(node.body, x, shape), short])
-        return leaf(node, x, shape)
+    in_shapes = {layer.name: shape for layer, shape in spec.leaf_inputs()}
+
+    class Build(L.TreeBuilder):  # the shared walker over Keras layers
+        def leaf(self, layer, x):
+            return leaf(layer, x, in_shapes[layer.name])
+
+        def concat(self, node, outputs):
+            return keras.layers.Concatenate(axis=-1)(outputs)
+
+        def add(self, node, body, shortcut):
+            return keras.layers.Add()([body, shortcut])
 
     def leaf(layer, x, shape):
         if isinstance(layer, L.Conv2d):
@@ -119,7 +118,7 @@ def keras_model(spec, weights, dropout: bool):
 
     c, h, w = spec.input_shape
     inputs = keras.Input((h, w, c), batch_size=None)
-    model = keras.Model(inputs, build(spec.root, inputs, spec.input_shape))
+    model = keras.Model(inputs, L.walk(spec.root, inputs, Build()))
     for layer, values in assignments:
         layer.set_weights([np.asarray(v) for v in values])
     return model
@@ -170,7 +169,7 @@ def measure(model_name: str, batch: int, iterations: int, rounds: int, threads: 
 
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--models", type=comma_list_type, default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=0, help="0: the default CPU batch per model")
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
@@ -186,7 +185,7 @@ def main() -> int:
     print(json.dumps({"python": platform.python_version(), "tensorflow": tf.__version__,
                       "keras": tf.keras.__name__, "cpu_count": os.cpu_count(),
                       "threads": threads}), flush=True)
-    for model in args.models.split(","):
+    for model in args.models:
         batch = args.batch or model_facts(model).default_batch["cpu"]
         print(json.dumps(measure(model, batch, args.iterations, args.rounds, threads)),
               flush=True)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from bench import run_compare, stored_runs
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 from core.envs import reexec_in_host_env
 
 
@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/bench-tf-vs-torch")
-    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--models", type=comma_list_type, default="alexnet,googlenet,resnet50")
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.tf_vs_torch", argv)
     out = Path(args.out).resolve()
-    code = run_compare(["--frameworks", "torch,tf", "--model", args.models, "--workers", "1",
+    code = run_compare(["--frameworks", "torch,tf", "--model", ",".join(args.models), "--workers", "1",
                         "--iterations", str(args.iterations), "--repeats", str(args.repeats),
                         "--warmup", "2", "--profile-iterations", "2"], out)
     rows = stored_runs(out, "model, framework, batch_per_worker, throughput, "
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     by_model: dict = {}
     for model, framework, batch, throughput, median, status in rows:
         by_model.setdefault(model, {})[framework] = (batch, throughput, median, status)
-    for model in args.models.split(","):
+    for model in args.models:
         entry = by_model.get(model, {})
         torch, tf = entry.get("torch"), entry.get("tf")
         line = {"model": model, "batch": (torch or tf or (None,))[0],

@@ -16,7 +16,7 @@ import os
 import sys
 
 from bench import interleaved_rounds, medians, reexec_in_framework_env
-from core.cli import OneLineParser
+from core.cli import OneLineParser, comma_list_type
 
 
 def plain_step(network, images, labels):
@@ -66,7 +66,7 @@ def measure(model: str, batch: int, iterations: int, rounds: int, threads: int) 
 
 def main() -> int:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="alexnet,googlenet,resnet50")
+    parser.add_argument("--models", type=comma_list_type, default="alexnet,googlenet,resnet50")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
@@ -79,7 +79,7 @@ def main() -> int:
     threads = os.cpu_count() or 1
     print(json.dumps({"python": platform.python_version(), "torch": torch.__version__,
                       "cpu_count": threads}))
-    for model in args.models.split(","):
+    for model in args.models:
         print(json.dumps(measure(model, args.batch, args.iterations, args.rounds, threads)),
               flush=True)
     return 0

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -28,6 +29,19 @@ def error_line(message: object) -> str:
     return f"dlcompare: error: {text[0] if text else type(message).__name__}"
 
 
+def warning_line(message: object) -> str:
+    """The one warning format of every entry point: `dlcompare: warning: <message>`."""
+    return f"dlcompare: warning: {message}"
+
+
+def warn(message: object) -> None:
+    """Print `message` as one warning line on stderr (a terminal that is gone is no error)."""
+    try:
+        print(warning_line(message), file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def fail(message: object, code: int = EXIT_USAGE) -> int:
     """Print `message` as the one error line on stderr and return `code` for the caller to exit.
     A terminal that is gone (SIGHUP, then EIO on every write) does not change the exit code."""
@@ -38,11 +52,53 @@ def fail(message: object, code: int = EXIT_USAGE) -> int:
     return code
 
 
+# One spelling per thing across the commands (run, predict, calibrate, check): the flags a
+# command used to spell otherwise, by their current spelling. They keep working, each with
+# one warning line; a command gives its own besides (predict's --cluster is --cluster-file).
+RENAMED_FLAGS: Mapping[str, str] = {
+    "--schemes": "--frameworks",
+    "--workers-per-node": "--workers",
+    "--batch": "--batch-size",
+    "--ps": "--servers",
+}
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one `dlcompare: error:` line on stderr and exit code 2."""
+    """argparse, but a usage error is one `dlcompare: error:` line on stderr and exit code 2,
+    and the flags of RENAMED_FLAGS (and `renamed`) still work: `current_spelling` rewrites
+    them, with one warning line each."""
+
+    def __init__(self, *args, renamed: Mapping[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.renamed = {**RENAMED_FLAGS, **(renamed or {})}
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, error_line(message) + "\n")
+
+    def current_flag(self, flag: str) -> str | None:
+        """The current spelling of an old `flag` this command has, else None."""
+        new = self.renamed.get(flag)
+        return new if new is not None and new in self._option_string_actions else None
+
+    def current_spelling(self, argv: list[str]) -> list[str]:
+        """`argv` with every old spelling of a flag (`--schemes X`, `--schemes=X`) replaced by
+        the current one and said once on stderr. Called once, before the arguments are parsed
+        and before the command moves into the launcher's environment with the result, so
+        the warning is printed once per command. Words after `--` are left as they are."""
+        rewritten, said = [], set()
+        for position, word in enumerate(argv):
+            if word == "--":
+                return rewritten + list(argv[position:])
+            flag, equals, value = word.partition("=")
+            new = self.current_flag(flag) if flag.startswith("--") else None
+            if new is None:
+                rewritten.append(word)
+                continue
+            if flag not in said:
+                warn(f"{flag} is deprecated; use {new}")
+                said.add(flag)
+            rewritten.append(new + equals + value)
+        return rewritten
 
 
 INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
@@ -104,3 +160,21 @@ def interrupt_on_termination() -> None:
     for signum, handler in handlers.items():
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, handler)
+
+
+def comma_list(text: str, what: str, error: type[Exception] = ValueError) -> list[str]:
+    """The items of a comma list (a flag's value), stripped, in order. An empty item ('1,,2',
+    '1,', ',') is bad input, not something to skip: it is usually a typo for a value that was
+    meant. Raises `error` (the caller's usage error) with one line naming `what`."""
+    items = [part.strip() for part in str(text).split(",")]
+    if not any(items):
+        raise error(f"{what} is empty")
+    if not all(items):
+        raise error(f"{what} has an empty item in {text!r}")
+    return items
+
+
+def comma_list_type(text: str) -> list[str]:
+    """`comma_list` as an argparse ``type``: a bad list is the parser's one line
+    ("argument --models: the comma list has an empty item in 'a,,b'")."""
+    return comma_list(text, "the comma list", argparse.ArgumentTypeError)

@@ -19,7 +19,6 @@ Standard library only: this module runs before any environment exists.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -28,11 +27,11 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.cli import EXIT_FAILED, EXIT_OK, OneLineParser, fail
+from core.files import file_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST_ENV = "host"
@@ -195,15 +194,6 @@ def environment_for(name: str) -> Environment:
     interpreter = base_interpreter(requirements)
     digest = hashlib.sha256(f"{requirements}\n{interpreter}".encode()).hexdigest()[:12]
     return Environment(name, dlcompare_home() / "envs" / f"{name}-{digest}")
-
-
-@contextmanager
-def file_lock(path: Path):
-    """An exclusive advisory lock on `path`, held for the block (released if the process dies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def ensure_environment(name: str, log=None) -> Environment:

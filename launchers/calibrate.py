@@ -27,6 +27,7 @@ import sys
 
 from core.cli import OneLineParser
 from core.envs import reexec_in_host_env
+from launchers.cluster import DEFAULT_TRANSPORT, cluster_help
 from launchers.interpreters import add_python_argument, overrides_or_exit
 
 
@@ -39,13 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma list of FRAMEWORK[:MODE] (default: %(default)s)")
     parser.add_argument("--workers", default="2", help="worker processes per node, comma list (default: 2)")
     parser.add_argument("--nodes", default="1", help="nodes, comma list (default: 1; above 1 needs --cluster)")
-    parser.add_argument("--cluster", default="local",
-                        help="local, emulated, hostfile:FILE (as launchers.compare; default: %(default)s)")
+    parser.add_argument("--cluster", default=DEFAULT_TRANSPORT, help=cluster_help())
     parser.add_argument("--bandwidth", default=None,
                         help="emulated link bandwidths, comma list (--cluster emulated)")
     parser.add_argument("--latency", default=None,
                         help="emulated one-way link latencies, comma list (--cluster emulated)")
-    parser.add_argument("--servers", "--ps", default="1",
+    parser.add_argument("--servers", default="1",
                         help="parameter servers for the modes that have them (default: %(default)s)")
     parser.add_argument("--min-bytes", default="1K", help="smallest message (default: %(default)s)")
     parser.add_argument("--max-bytes", default="64M", help="largest message (default: %(default)s)")
@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)  # usage errors before any environment is built
+    parser = build_parser()
+    argv = parser.current_spelling(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)  # usage errors before any environment is built
     overrides_or_exit(args.python)
     reexec_in_host_env("launchers.calibrate", argv)
     from launchers.calibration_runs import run_cli  # after the re-exec: pandas, rich, the adapters' records

@@ -21,13 +21,11 @@ from analysis.calibration import (CalibrationFit, default_sizes, drift_line, fit
 from analysis.store import StoreError, calibration_key, open_campaign
 from analysis.units import UnitError, parse_size
 from core.cli import fail, interrupt_on_termination
-from core.envs import REPO_ROOT, EnvBuildError
+from core.envs import EnvBuildError
 from launchers import plan as planning
-from launchers.cluster import ClusterError, LocalCluster, parse_cluster
-from launchers.cluster.transports import make_cluster, preflight
+from launchers.cluster import TransportError, transport_for
 from launchers.interpreters import InterpreterError, Interpreters, parse_overrides, prepare_interpreters
-from launchers.local import run_local
-from launchers.plan import link_tag, set_cluster
+from launchers.plan import link_tag, ranks_sharing_cores, set_cluster
 
 CALIBRATION_MODEL = "alexnet-tiny"  # the trainer needs a network; the smallest that builds fast
 # The contention probe's backward: a batch whose kernels, not the interpreter, fill the cores
@@ -52,10 +50,12 @@ def settings_from_args(args) -> dict:
     servers = planning.positive_ints(args.servers, "--servers")
     links = SimpleNamespace(nodes=nodes, cluster="local", bandwidths=[None], latencies=[None])
     set_cluster(links, args)
-    if links.cluster.startswith("slurm"):
-        raise planning.UsageError("calibrate runs on local, emulated or hostfile clusters; "
-                                  "on Slurm run it inside an allocation with --cluster hostfile:FILE")
-    preflight(parse_cluster(links.cluster))  # root for namespaces: before anything is built
+    transport = transport_for(links.cluster)
+    try:
+        transport.check_calibration()
+    except TransportError as error:
+        raise planning.UsageError(str(error)) from None
+    transport.check_machine()  # root for namespaces: before anything is built
     for info, mode in frameworks:
         if mode not in info.server_modes and min(workers) * min(nodes) < 2:
             raise planning.UsageError(f"{info.name}:{mode} needs at least 2 workers to time an all-reduce")
@@ -85,8 +85,8 @@ def calibration_run(info, mode: str, nodes: int, workers: int, servers: int, set
                      campaign=out.name, device=settings["device"], nodes=nodes, workers_per_node=workers,
                      servers=servers, warmup=0, iterations=1, repeats=1, profile_iterations=1,
                      bandwidth=bandwidth, latency=latency,
-                     threads_per_worker=max(1, (os.cpu_count() or 1) // (
-                         workers * (nodes if settings.get("cluster") == "emulated" else 1))), rank_dir=str(run_dir),
+                     threads_per_worker=max(1, (os.cpu_count() or 1) // ranks_sharing_cores(
+                         transport_for(settings.get("cluster")), nodes, workers)), rank_dir=str(run_dir),
                      record_path=str(run_dir / "calibration.json"), options=dict(settings.get("options") or {}),
                      calibrate={"sizes": settings["sizes"], "repeats": settings["repeats"],
                                 "warmup": settings["warmup"]})
@@ -114,12 +114,12 @@ def calibrate(settings: dict, pythons: Interpreters, store, console, only_missin
     """Run, fit and store every calibration of `settings`; returns one line per failure.
 
     only_missing: skip framework/mode/topologies that already have a calibration stored.
-    cluster: the transport placing the ranks (this machine when None); on an emulated cluster
-    each bandwidth x latency of `settings` is calibrated on its own (links shaped first).
+    cluster: the transport placing the ranks (this machine when None); on one that shapes its
+    links each bandwidth x latency of `settings` is calibrated on its own (links shaped first).
     pool_since (an ISO time): calibrate again only what was stored since then, and store the
     fit of both calibrations' timings pooled (`compare --calibrate`'s closing calibration).
     """
-    cluster = cluster or LocalCluster()
+    cluster = cluster or transport_for(None)  # the default: this machine
     failures = []
     for info, mode in settings["frameworks"]:
         for nodes in settings["nodes"]:
@@ -162,9 +162,7 @@ def calibrate_one(settings, pythons, store, console, only_missing, cluster, info
         console.print(f"[red]{failure}[/red]")
         return [failure]
     python, extra_env = pythons.python(info), pythons.rank_env(info)
-    cluster.prepare(run)
-    outcome = run_local(run, python, Path(run.rank_dir), info.rendezvous, REPO_ROOT, settings["timeout"],
-                        extra_env=extra_env, hosts=cluster.hosts(run), wrappers=cluster.wrappers(run))
+    outcome, _ = cluster.launch(run, python, info.rendezvous, settings["timeout"], extra_env=extra_env)
     record = Path(run.record_path)
     if outcome.status != "ok" or not record.exists():
         tail = [line for line in (outcome.error or "no result written").splitlines() if line.strip()]
@@ -255,11 +253,11 @@ def run_cli(args, argv: list[str]) -> int:
         pythons = prepare_interpreters(  # a framework that cannot run here is said again in its turn
             settings["frameworks"], settings["python"], log=console.print,
             warn=lambda message: console.print(f"[yellow]{message}[/yellow]"))
-        cluster = make_cluster(parse_cluster(settings["cluster"]), SimpleNamespace(
-            nodes=settings["nodes"], latencies=settings["latencies"]))
+        cluster = transport_for(settings["cluster"]).open(SimpleNamespace(
+            nodes=settings["nodes"], bandwidths=settings["bandwidths"], latencies=settings["latencies"]))
     except StoreError as error:
         return fail(error, error.exit_code)
-    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError,
+    except (planning.UsageError, InterpreterError, EnvBuildError, TransportError,
             KeyboardInterrupt) as error:
         if store is not None:
             store.close()

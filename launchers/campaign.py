@@ -26,7 +26,6 @@ from rich.table import Table
 
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
-from adapters.rankfiles import write_json_atomic
 from adapters.registry import framework_info
 from analysis.predict import predict_stored
 from analysis.record import empty_record
@@ -35,16 +34,15 @@ from analysis.store import ResultStore, StoreError, open_campaign
 from analysis.summary import print_summary
 from core.cli import EXIT_INTERRUPTED, EXIT_NOT_WRITTEN, fail, interrupt_on_termination
 from core.envs import REPO_ROOT, EnvBuildError, dlcompare_home
+from core.files import write_json_atomic
 from launchers import plan as planning
 from launchers.calibration_runs import calibrate_campaign
-from launchers.cluster import ClusterError, LocalCluster, parse_cluster
-from launchers.cluster.transports import make_cluster, preflight
+from launchers.cluster import Transport, TransportError, transport_for
 from launchers.container_runtime import ContainerImages
 from launchers.dryrun import print_costs
 from launchers.engine import find_engine
 from launchers.images import ensure_image, image_for
 from launchers.interpreters import InterpreterError, Interpreters, parse_overrides, prepare_interpreters
-from launchers.local import planned_commands, run_local
 from models import get_model
 
 
@@ -203,29 +201,19 @@ def execute(run: RunConfig, pythons: Interpreters, campaign: planning.Campaign,
     given; always returns a record (ok or failure)."""
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     info = framework_info(run.framework)
-    run_dir = Path(run.rank_dir)
     Path(run.record_path).unlink(missing_ok=True)
     python, extra_env = pythons.python(info), pythons.rank_env(info)
-    cluster = cluster or LocalCluster()
+    cluster = cluster or transport_for(None)  # the default: this machine
     runtime = containers.runtime_for(run, info.env, python) if containers else None
     try:
-        placed = cluster.prepare(run)
-        sent_before = cluster.traffic()
-        runner = getattr(cluster, "run", None) or run_local  # slurm runs through sbatch
-        # innermost first: the image runs the command, the node's wrapper places the image
-        wrappers = ([runtime.wrap] if runtime else []) + cluster.wrappers(run)
-        outcome = runner(run, python, run_dir, info.rendezvous, REPO_ROOT,
-                         campaign.timeout, on_progress, extra_env=extra_env,
-                         hosts=cluster.hosts(run), wrappers=wrappers)
-        if sent_before:  # bytes each node sent over its link during the run
-            placed["link_bytes_sent"] = [after - before for after, before in
-                                         zip(cluster.traffic(), sent_before)][:run.nodes]
-    except (ClusterError, ValueError, OSError) as error:  # the run cannot be placed
+        # the image runs the command, the transport places the image on its node
+        outcome, placed = cluster.launch(run, python, info.rendezvous, campaign.timeout, on_progress,
+                                         extra_env=extra_env, wrappers=[runtime.wrap] if runtime else [])
+    except (TransportError, ValueError, OSError) as error:  # the run cannot be placed
         record = failure_record(run, "failed", f"{type(error).__name__}: {error}", 0.0)
         record.update(started_at=started)
         return record
     finally:
-        getattr(cluster, "finish", lambda run: None)(run)  # what a run left on other nodes
         if runtime:
             runtime.remove()
     record = outcome_record(run, outcome)
@@ -320,30 +308,17 @@ def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
     return records
 
 
-def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster) -> None:
-    """--dry-run on a cluster: each node's commands and the environment each receives."""
+def print_commands(campaign: planning.Campaign, runs: list[RunConfig], cluster: Transport) -> None:
+    """--dry-run: what the transport says of itself and of each run (each node's commands and
+    the environment each receives, or the job script)."""
     for line in cluster.describe():
-        console.print(line)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for run in runs:
         info = framework_info(run.framework)
-        console.print(f"[bold]{run.run_id}[/bold]")
-        if hasattr(cluster, "script"):  # slurm: the batch script is what the nodes receive
-            console.print(cluster.script(run, f"<{info.env} python>", info.rendezvous,
-                                         campaign.timeout), markup=False, highlight=False,
-                          soft_wrap=True)
-            continue
-        try:
-            placed = planned_commands(run, f"<{info.env} python>", info.rendezvous, REPO_ROOT,
-                                      hosts=cluster.hosts(run), wrappers=cluster.wrappers(run))
-        except (ValueError, RuntimeError) as error:
-            console.print(f"  cannot place: {error}")
-            continue
-        for spec, argv, env in placed:
-            console.print(f"  {spec.name} on {spec.host.target}: {shlex.join(argv)}",
-                          markup=False, highlight=False, soft_wrap=True)
-            shown = {k: v for k, v in sorted(env.items()) if k not in ("PATH",)}
-            console.print("    env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()),
-                          markup=False, highlight=False, soft_wrap=True)
+        lines = cluster.commands(run, f"<{info.env} python>", info.rendezvous, campaign.timeout)
+        if lines:
+            console.print(f"[bold]{run.run_id}[/bold]")
+            console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
 def note(text: str) -> None:
@@ -359,7 +334,7 @@ def say(text: str) -> None:
         pass
 
 
-def dry_run(campaign: planning.Campaign, runs: list[RunConfig], spec, args) -> int:
+def dry_run(campaign: planning.Campaign, runs: list[RunConfig], args) -> int:
     """The plan (on a cluster each node's commands) and what the campaign will cost, reading
     the store if there is one: nothing is written, so a folder without write access will do."""
     stored: set[str] = set()
@@ -369,8 +344,7 @@ def dry_run(campaign: planning.Campaign, runs: list[RunConfig], spec, args) -> i
             stored = store.run_ids(status="ok" if args.retry_failed else None)
             frame = store.runs_frame()
     print_plan(campaign, runs, stored)
-    if spec.kind != "local":
-        print_commands(campaign, runs, make_cluster(spec, campaign, dry_run=True))
+    print_commands(campaign, runs, campaign.transport.open(campaign, dry_run=True))
     print_costs(console, campaign, [run for run in runs if run.run_id not in stored], frame,
                 getattr(args, "calibrate", False))
     return 0
@@ -380,25 +354,24 @@ def run_campaign_cli(args, argv: list[str]) -> int:
     try:
         campaign = campaign_from_args(args)
         runs = planning.expand(campaign)
-        spec = parse_cluster(campaign.cluster)
         if args.dry_run:
-            return dry_run(campaign, runs, spec, args)
-        preflight(spec)  # root for namespaces, Slurm's commands: before anything is built
+            return dry_run(campaign, runs, args)
+        campaign.transport.check_machine()  # root for namespaces, Slurm's commands: before anything is built
         planning.check_out_dir(campaign.out)
         store = open_campaign(campaign.out, wait=getattr(args, "wait", False),
                               repair=getattr(args, "repair", False), log=note)
     except StoreError as error:
         return fail(error, error.exit_code)
-    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError) as error:
+    except (planning.UsageError, InterpreterError, EnvBuildError, TransportError) as error:
         return fail(error)
     except KeyboardInterrupt:  # while waiting for the folder (--wait)
         say("[yellow]interrupted: nothing was run[/yellow]")
         return EXIT_INTERRUPTED
     with store:  # the folder stays locked until the report is written
-        return run_campaign(campaign, runs, spec, store, args, argv)
+        return run_campaign(campaign, runs, store, args, argv)
 
 
-def run_campaign(campaign: planning.Campaign, runs: list[RunConfig], spec, store: ResultStore,
+def run_campaign(campaign: planning.Campaign, runs: list[RunConfig], store: ResultStore,
                  args, argv: list[str]) -> int:
     """Environments, data, the runs, the report, with the campaign folder locked."""
     interrupt_on_termination()  # SIGTERM and SIGHUP end the campaign like Ctrl-C
@@ -409,21 +382,20 @@ def run_campaign(campaign: planning.Campaign, runs: list[RunConfig], spec, store
         pythons, unavailable, containers = prepare_environments(campaign)
         pending = [run for run in runs if run.run_id not in stored]
         prepare_data(campaign, pending)
-        cluster = make_cluster(spec, campaign)
+        cluster = campaign.transport.open(campaign)
         store.set_meta("command", "python -m launchers.compare " + shlex.join(argv))
         store.set_meta("settings", planning.campaign_summary(campaign))
         calibrating = getattr(args, "calibrate", False)
         if calibrating:  # alpha, beta of each transport, where missing
             opened = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster)
-        for warning in filter(None, (getattr(cluster, "latency_note", lambda _: None)(latency)
-                                     for latency in campaign.latencies)):
+        for warning in filter(None, (cluster.latency_note(latency) for latency in campaign.latencies)):
             console.print(f"[yellow]{warning}[/yellow]", soft_wrap=True)
         records = run_all(campaign, pending, pythons, unavailable, store, cluster, containers)
         if calibrating and records:  # the same again after the runs, pooled (see pool_samples);
             # build_report below re-predicts every run with the pooled fits
             calibrate_campaign(campaign, pythons, unavailable, store, console, cluster, pool_since=opened)
-    except (planning.UsageError, InterpreterError, EnvBuildError, ClusterError) as error:
+    except (planning.UsageError, InterpreterError, EnvBuildError, TransportError) as error:
         return fail(error)
     except NotStored as error:
         if error.record is not None:  # the last place left to keep it

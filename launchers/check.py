@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from adapters.registry import UnknownFramework, parse_framework_mode
-from core.cli import OneLineParser, fail
+from core.cli import OneLineParser, comma_list, fail
 from core.envs import REPO_ROOT, EnvBuildError, reexec_in_host_env
 from launchers.interpreters import (InterpreterError, add_python_argument, overrides_or_exit,
                                     prepare_interpreters)
@@ -29,7 +29,7 @@ class UsageError(ValueError):
     pass
 
 
-def parse_args(argv):
+def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="python -m launchers.check",
         description="Load the same canonical weights and batch into each framework and compare "
@@ -37,7 +37,7 @@ def parse_args(argv):
     parser.add_argument("--frameworks", default="torch,tf",
                         help="comma list of FRAMEWORK[:MODE], at least two (default: %(default)s)")
     parser.add_argument("--model", required=True, help="model name (python -m models list)")
-    parser.add_argument("--batch", type=int, default=2, help="batch size (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=2, help="batch size (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="relative L2 limit on gradients and updates (default: measured per "
@@ -51,14 +51,14 @@ def parse_args(argv):
     parser.add_argument("--verbose", action="store_true",
                         help="print every tensor, not only the worst ones")
     add_python_argument(parser)
-    return parser.parse_args(argv)
+    return parser
 
 
 def validate(args):
     from analysis.equivalence import tolerance  # host env: NumPy
     from models import MODEL_NAMES  # host env: NumPy
 
-    entries = [part.strip() for part in args.frameworks.split(",") if part.strip()]
+    entries = comma_list(args.frameworks, "--frameworks", UsageError)
     try:
         frameworks = list(dict.fromkeys(parse_framework_mode(e) for e in entries))
     except UnknownFramework as error:
@@ -67,8 +67,8 @@ def validate(args):
         raise UsageError("--frameworks needs at least two different frameworks to compare")
     if args.model not in MODEL_NAMES:
         raise UsageError(f"unknown model {args.model!r} (known: {', '.join(MODEL_NAMES)})")
-    if args.batch < 1:
-        raise UsageError(f"--batch must be at least 1, got {args.batch}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.seed < 0:
         raise UsageError("--seed cannot be negative")
     if args.tolerance is not None and not args.tolerance > 0:
@@ -87,7 +87,7 @@ def run_framework(info, mode: str, args, out: Path, python: str,
     folder = out / f"{info.name}-{mode}"
     shutil.rmtree(folder, ignore_errors=True)
     config = RunConfig(run_id=folder.name, framework=info.name, mode=mode, model=args.model,
-                       batch_per_worker=args.batch, dropout=False, seed=args.seed,
+                       batch_per_worker=args.batch_size, dropout=False, seed=args.seed,
                        threads_per_worker=args.threads or os.cpu_count() or 1,
                        servers=1 if mode in info.server_modes else 0,
                        rank_dir=str(folder), check={"steps": 1, "out_dir": str(folder)})
@@ -99,8 +99,9 @@ def run_framework(info, mode: str, args, out: Path, python: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    parser = build_parser()
+    argv = parser.current_spelling(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     overrides = overrides_or_exit(args.python)
     reexec_in_host_env("launchers.check", argv)
     from analysis.equivalence import LOSS_TOLERANCE, compare_pair  # host env: NumPy
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         return fail(f"--keep {out} is not writable: {error.strerror}")
-    print(f"check {args.model}: batch {args.batch}, seed {args.seed}, dropout off; limits: "
+    print(f"check {args.model}: batch {args.batch_size}, seed {args.seed}, dropout off; limits: "
           f"loss {min(LOSS_TOLERANCE, tolerance):.0e}, gradients and one-step updates "
           f"{tolerance:.0e} (relative L2 per tensor)", flush=True)
     folders = {}

@@ -25,8 +25,9 @@ import argparse
 import os
 import sys
 
-from core.cli import EXIT_USAGE, OneLineParser, error_line, fail
+from core.cli import EXIT_USAGE, OneLineParser, error_line, fail, warn
 from core.envs import reexec_in_host_env
+from launchers.cluster import DEFAULT_TRANSPORT, cluster_help
 from launchers.interpreters import add_python_argument, overrides_or_exit
 
 
@@ -49,18 +50,14 @@ def build_parser(prog: str = "python -m launchers.compare") -> argparse.Argument
                              "1,2,4.. up to the GPUs present)")
     parser.add_argument("--nodes", default="1",
                         help="node counts, comma list (default: 1; above 1 needs --cluster)")
-    parser.add_argument("--cluster", default="local",
-                        help="where the nodes are: local (this machine, 1 node), emulated "
-                             "(network namespaces on this host with shaped links; root), "
-                             "hostfile:FILE (ssh, one 'host slots=N' line per node), slurm "
-                             "(an sbatch job per run) (default: %(default)s)")
+    parser.add_argument("--cluster", default=DEFAULT_TRANSPORT, help=cluster_help())
     parser.add_argument("--bandwidth", default=None,
                         help="emulated link bandwidth, comma list, e.g. 1Gbit,10Gbit "
                              "(--cluster emulated; default: unshaped)")
     parser.add_argument("--latency", default=None,
                         help="emulated one-way link latency, comma list, e.g. 0.2ms "
                              "(--cluster emulated, needs the kernel's netem; default: none)")
-    parser.add_argument("--servers", "--ps", default="1",
+    parser.add_argument("--servers", default="1",
                         help="parameter servers for the modes that have them, comma list "
                              "(default: %(default)s)")
     parser.add_argument("--batch-size", default=None,
@@ -123,8 +120,9 @@ class CampaignFileError(ValueError):
     """A campaign file that cannot be read or names what is not a flag; one line."""
 
 
-def file_arguments(parser: argparse.ArgumentParser, path: str, document) -> list[str]:
-    """The flags a loaded campaign file stands for, as command-line arguments."""
+def file_arguments(parser: OneLineParser, path: str, document) -> list[str]:
+    """The flags a loaded campaign file stands for, as command-line arguments; a key spelled
+    as a flag used to be (`schemes`) still works, with one warning line."""
     if document is None:
         return []
     if not isinstance(document, dict):
@@ -133,6 +131,10 @@ def file_arguments(parser: argparse.ArgumentParser, path: str, document) -> list
                if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help"}
     arguments = []
     for key, value in document.items():
+        renamed = parser.current_flag("--" + str(key).replace("_", "-"))
+        if renamed is not None:
+            warn(f"{path}: key {key} is deprecated; use {renamed[2:]}")
+            key = renamed[2:]
         action = options.get(str(key).replace("-", "_"))
         if action is None:
             known = ", ".join(sorted(name.replace("_", "-") for name in options))
@@ -181,8 +183,9 @@ def parse_with_file(parser: argparse.ArgumentParser, argv: list[str]) -> argpars
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m launchers.compare") -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(prog).parse_args(argv)  # usage errors before any environment is built
+    parser = build_parser(prog)
+    argv = parser.current_spelling(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)  # usage errors before any environment is built
     if args.campaign is not None and not os.path.isfile(args.campaign):
         return fail(f"campaign file {args.campaign} does not exist")
     overrides_or_exit(args.python)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from adapters.registry import FrameworkInfo, UnknownFramework, framework_info
-from core.cli import fail
+from core.cli import comma_list, fail
 from core.envs import PYTHON_OVERRIDE_VAR, REPO_ROOT, EnvUnavailable, ensure_environment
 
 PYTHON_VARIABLE = "DLCOMPARE_PYTHON"
@@ -81,15 +81,16 @@ def parse_overrides(flags: Iterable[str] | None,
     FRAMEWORK=PATH or a comma list of them; a later entry wins).  Checks the names against the
     registry and that each path is an executable file (a bare name is looked up on PATH);
     what it imports is `probe_interpreter`'s business."""
-    entries = [(PYTHON_VARIABLE, item) for item in environ.get(PYTHON_VARIABLE, "").split(",")]
-    entries += [("--python", item) for flag in flags or () for item in flag.split(",")]
+    variable = environ.get(PYTHON_VARIABLE, "")
+    entries = [(PYTHON_VARIABLE, item) for item in
+               (comma_list(variable, PYTHON_VARIABLE, InterpreterError) if variable.strip() else [])]
+    entries += [("--python", item) for flag in flags or ()
+                for item in comma_list(flag, "--python", InterpreterError)]
     overrides = {}
     for source, item in entries:
-        if not item.strip():
-            continue
-        name, sep, path = item.strip().partition("=")
+        name, sep, path = item.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise InterpreterError(f"{source} takes FRAMEWORK=PATH, got {item.strip()!r}")
+            raise InterpreterError(f"{source} takes FRAMEWORK=PATH, got {item!r}")
         try:
             info = framework_info(name.strip())
         except UnknownFramework as error:

@@ -31,14 +31,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import psutil
-
-from adapters.base import RunConfig
 from core.cli import interrupts_held
 from core.envs import REPO_ROOT
 from launchers.rendezvous import Host, ProcessSpec, processes_for
+
+if TYPE_CHECKING:  # NumPy comes with it; this module is read before the launcher's environment
+    from adapters.base import RunConfig
 
 EXIT_UNAVAILABLE = 3  # the worker's exit code when the framework cannot run here
 POLL_SECONDS = 0.1
@@ -195,6 +195,9 @@ class ProcessGroupRun:
 
     def kill(self) -> None:
         """SIGKILL the process group and any stray descendant, then reap every rank."""
+        # psutil is the launcher environment's; the transports read this module before the move
+        import psutil
+
         if self.pgid is None:
             return
         strays = []
@@ -257,6 +260,9 @@ def wait_for_owner(owner: int, done: Callable[[], bool] = lambda: False,
     """In a reaper: ignore the signals that end a terminal's jobs, wait until the owner's
     pipe closes (the owner closed it or died), then until the owner is gone or `done()` says
     the owner already cleaned up, at most `grace` seconds."""
+    # psutil is the launcher environment's; the transports read this module before the move
+    import psutil
+
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     sys.stdin.buffer.read()

@@ -19,9 +19,9 @@ from pathlib import Path
 from adapters.base import RunConfig
 from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
 from analysis.units import parse_bandwidth, parse_latency
-from launchers.cluster import ClusterError, parse_cluster
-from launchers.cluster.ssh import read_hostfile
+from core.cli import comma_list
 from core import schemes as catalogue
+from launchers.cluster import DEFAULT_TRANSPORT, Transport, TransportError, transport_for
 from models import MODEL_NAMES, get_model, model_facts
 
 # Precisions a campaign may ask for (--dtype): float32 (on a GPU without TF32 math), tf32
@@ -33,19 +33,8 @@ class UsageError(ValueError):
     """Bad input; main() prints it as one line and exits with code 2."""
 
 
-def list_items(text: str, what: str) -> list[str]:
-    """The items of a comma list, stripped; an empty one ('1,,2', '1,', ',') is bad input, not
-    something to skip: it is usually a typo for a number that was meant."""
-    items = [part.strip() for part in str(text).split(",")]
-    if not any(items):
-        raise UsageError(f"{what} is empty")
-    if not all(items):
-        raise UsageError(f"{what} has an empty item in {text!r}")
-    return items
-
-
 def positive_ints(text: str, what: str) -> list[int]:
-    items = list_items(text, what)
+    items = comma_list(text, what, UsageError)
     try:
         values = [int(item) for item in items]
     except ValueError:
@@ -103,7 +92,7 @@ def parse_batch_sizes(text: str | None, models: list[str]) -> list[int] | dict[s
     ('alexnet=1024,googlenet=128'; a model not named keeps its default); None when not given."""
     if text is None:
         return None
-    entries = list_items(text, "--batch-size")
+    entries = comma_list(text, "--batch-size", UsageError)
     if not any("=" in entry for entry in entries):
         return positive_ints(text, "--batch-size")
     per_model: dict[str, list[int]] = {}
@@ -123,9 +112,7 @@ def parse_options(items: list[str] | None) -> dict:
     """--option KEY=VALUE (repeatable, or a comma list): adapter options for every run, the
     value read as JSON where it is JSON (true, 25, 0.5), else as text."""
     options = {}
-    for item in (part.strip() for text in items or () for part in text.split(",")):
-        if not item:
-            continue
+    for item in (part for text in items or () for part in comma_list(text, "--option", UsageError)):
         key, sep, value = item.partition("=")
         if not sep or not value.strip():
             raise UsageError(f"--option takes KEY=VALUE, got {item!r}")
@@ -147,7 +134,7 @@ def parse_dtype(text: str | None) -> str:
 
 
 def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
-    entries = list_items(text, "--frameworks")
+    entries = comma_list(text, "--frameworks", UsageError)
     try:
         return list(dict.fromkeys(parse_framework_mode(part) for part in entries))
     except UnknownFramework as error:
@@ -155,7 +142,7 @@ def parse_frameworks(text: str) -> list[tuple[FrameworkInfo, str]]:
 
 
 def parse_models(text: str) -> list[str]:
-    names = list_items(text, "--model")
+    names = comma_list(text, "--model", UsageError)
     for name in names:
         if name not in MODEL_NAMES:
             raise UsageError(f"unknown model {name!r} (known: {', '.join(MODEL_NAMES)})")
@@ -203,7 +190,7 @@ class Campaign:
     fault: dict | None = None
     git_revision: str = ""
     runtime: str = "local"  # local: the framework's virtualenv; container: its image
-    cluster: str = "local"  # local, emulated, hostfile:FILE, slurm (launchers/cluster/)
+    cluster: str = DEFAULT_TRANSPORT  # --cluster: a transport of launchers/cluster/
     bandwidths: list[str | None] = field(default_factory=lambda: [None])  # emulated links
     latencies: list[str | None] = field(default_factory=lambda: [None])
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -218,6 +205,11 @@ class Campaign:
 
     def threads_per_worker(self, workers_per_node: int) -> int:
         return max(1, self.cpus // workers_per_node)
+
+    @property
+    def transport(self) -> Transport:
+        """The transport --cluster names (not yet opened)."""
+        return transport_for(self.cluster)
 
 
 def config_hash(settings: dict) -> str:
@@ -249,33 +241,17 @@ def links_for(campaign: Campaign, nodes: int) -> list[tuple[str | None, str | No
 
 
 def set_cluster(campaign, args) -> None:
-    """--cluster, --bandwidth, --latency into the campaign, checked (UsageError)."""
+    """--cluster, --bandwidth, --latency into the campaign, checked by the transport
+    (UsageError)."""
     try:
-        spec = parse_cluster(getattr(args, "cluster", None))
-    except ClusterError as error:
+        transport = transport_for(getattr(args, "cluster", None))
+        campaign.cluster = transport.label
+        campaign.bandwidths = parse_links(getattr(args, "bandwidth", None), "--bandwidth",
+                                          parse_bandwidth)
+        campaign.latencies = parse_links(getattr(args, "latency", None), "--latency", parse_latency)
+        transport.validate(campaign)
+    except TransportError as error:
         raise UsageError(str(error)) from None
-    campaign.cluster = spec.label
-    campaign.bandwidths = parse_links(getattr(args, "bandwidth", None), "--bandwidth",
-                                               parse_bandwidth)
-    campaign.latencies = parse_links(getattr(args, "latency", None), "--latency",
-                                              parse_latency)
-    shaped = campaign.bandwidths != [None] or campaign.latencies != [None]
-    if shaped and spec.kind != "emulated":
-        raise UsageError("--bandwidth and --latency shape the links of --cluster "
-                                  "emulated; a real cluster's network is what it is")
-    if spec.kind == "local" and campaign.nodes != [1]:
-        raise UsageError("--nodes above 1 needs a cluster transport: --cluster "
-                                  "emulated, hostfile:FILE or slurm")
-    if spec.kind == "emulated" and max(campaign.nodes) > 16:
-        raise UsageError("--cluster emulated runs at most 16 nodes on one host")
-    if spec.kind == "hostfile":  # read now: a malformed hostfile is bad input
-        try:
-            nodes = read_hostfile(spec.path)
-        except ClusterError as error:
-            raise UsageError(str(error)) from None
-        if max(campaign.nodes) > len(nodes):
-            raise UsageError(f"--nodes {max(campaign.nodes)} but {spec.path} lists "
-                                      f"{len(nodes)} node(s)")
 
 
 def parse_links(text: str | None, what: str, parse) -> list[str | None]:
@@ -283,7 +259,7 @@ def parse_links(text: str | None, what: str, parse) -> list[str | None]:
     unit parser); None when not given."""
     if text is None:
         return [None]
-    items = list(dict.fromkeys(list_items(text, what)))
+    items = list(dict.fromkeys(comma_list(text, what, UsageError)))
     for item in items:
         try:
             value = parse(item)
@@ -316,20 +292,16 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
         warmup=campaign.warmup, repeats=campaign.repeats,
         profile_iterations=campaign.profile_iterations, data=campaign.data,
         dropout=campaign.dropout, seed=campaign.seed, loader_workers=campaign.loader_workers,
-        # emulated nodes share this machine's cores: every worker of the run gets its share
         threads_per_worker=campaign.threads_per_worker(
-            workers * (nodes if campaign.cluster == "emulated" else 1)),
+            ranks_sharing_cores(campaign.transport, nodes, workers)),
         options={"channels_last": campaign.channels_last, **campaign.options},
         layout="NHWC" if campaign.channels_last else "NCHW", fault=campaign.fault,
     )
     if campaign.dtype != "float32":  # float32 runs keep the identities they always had
         measured["dtype"] = campaign.dtype
-    # Where the nodes are and what runs the ranks change what is measured; local runs on the
-    # host keep the identities they had before transports and runtimes existed (stored
-    # campaigns still resume).
-    if campaign.cluster != "local":
-        measured.update(cluster=campaign.cluster.split(":")[0], bandwidth=bandwidth,
-                        latency=latency)
+    # Where the nodes are and what runs the ranks change what is measured; runs of the local
+    # runtime keep the identities they had before runtimes existed (stored campaigns resume).
+    measured.update(campaign.transport.identity(bandwidth, latency))
     if campaign.runtime != "local":
         measured["runtime"] = campaign.runtime
     digest = config_hash(measured)
@@ -344,6 +316,12 @@ def make_run(campaign: Campaign, info: FrameworkInfo, mode: str, model: str, nod
     return RunConfig(run_id=run_id, campaign=campaign.out.name, config_hash=digest,
                      record_path=str(run_dir / "record.json"), rank_dir=str(run_dir),
                      git_revision=campaign.git_revision, **measured)
+
+
+def ranks_sharing_cores(transport: Transport, nodes: int, workers: int) -> int:
+    """The ranks of a run that share this machine's cores: one node's workers, or every
+    node's where the transport's nodes are on this machine."""
+    return workers * (nodes if transport.nodes_share_this_machine else 1)
 
 
 def check_batch_fits(campaign: Campaign) -> None:

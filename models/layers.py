@@ -266,3 +266,35 @@ class Residual:
 
 Node = Union[Leaf, Sequential, Concat, Residual]
 NODE_TYPES = LEAF_TYPES + (Sequential, Concat, Residual)
+
+
+class TreeBuilder:
+    """What a framework gives `walk` to execute (or build) a network from its description:
+    how to apply one leaf layer, join branches and add a shortcut.  The walk itself — in order
+    through a Sequential, every branch of a Concat on the same input, a Residual's body plus its
+    shortcut (identity when there is none) — is the same for every framework, so it lives here.
+    `x` is whatever flows through the framework's graph: a tensor, a symbol, or a (function,
+    shape) pair for a builder that compiles the network ahead of running it."""
+
+    def leaf(self, layer, x):
+        raise NotImplementedError
+
+    def concat(self, node: Concat, outputs: list):
+        raise NotImplementedError
+
+    def add(self, node: Residual, body, shortcut):
+        raise NotImplementedError
+
+
+def walk(node, x, builder: TreeBuilder):
+    """`node` applied to `x` through `builder` (see `TreeBuilder`)."""
+    if isinstance(node, Sequential):
+        for child in node.layers:
+            x = walk(child, x, builder)
+        return x
+    if isinstance(node, Concat):
+        return builder.concat(node, [walk(branch, x, builder) for branch in node.branches])
+    if isinstance(node, Residual):
+        shortcut = x if node.shortcut is None else walk(node.shortcut, x, builder)
+        return builder.add(node, walk(node.body, x, builder), shortcut)
+    return builder.leaf(node, x)

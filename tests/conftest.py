@@ -13,13 +13,31 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run `python -m <args>` from the repository root in this interpreter, as a user would
-    (the bootstrap is skipped: the test process already runs in the launcher's environment)."""
-    full_env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT),
-                **(env or {})}
-    return subprocess.run([sys.executable, "-m", *args], cwd=REPO_ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+# The interpreter a user starts the commands with: the one the launcher's environment was made
+# from (without its packages: no pandas, no rich), as `python3 -m ...` from a clone is.
+USER_PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+BOOTSTRAP = ("DLCOMPARE_NO_BOOTSTRAP", "DLCOMPARE_HOST_ENV", "VIRTUAL_ENV")
+
+
+def cli_command(*args: str, env: dict | None = None,
+                cwd: Path = REPO_ROOT) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `python -m <args>` as a user runs it from the
+    repository root (or `cwd`, a copy of it): the user's interpreter, then the command's own
+    move into the launcher's environment (core.envs.reexec_in_host_env; built by the time tests
+    run, so it costs a process start, and the process keeps its pid). With
+    `env={"DLCOMPARE_NO_BOOTSTRAP": "1"}` it runs in the test's own interpreter instead."""
+    full_env = {**{k: v for k, v in os.environ.items() if k not in BOOTSTRAP},
+                "PYTHONPATH": str(cwd), **(env or {})}
+    python = sys.executable if full_env.get("DLCOMPARE_NO_BOOTSTRAP") == "1" else USER_PYTHON
+    return [python, "-m", *args], full_env
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 900,
+            cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
+    """Run `python -m <args>` as a user does (`cli_command`), to its end."""
+    command, full_env = cli_command(*args, env=env, cwd=cwd)
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def worker_processes(marker: str) -> list:

@@ -82,7 +82,7 @@ def test_phase_figure_lists_the_throughput_mode_iteration(frame, tmp_path):
 def test_layer_figure_draws_each_schemes_smallest_and_largest_topology(frame, tmp_path):
     figures.layer_lines(frame, tmp_path)
     series = drawn(tmp_path, "layers")
-    assert {"PyTorch DDP · 1×1", "PyTorch DDP · 2×1", "CNTK-style (allreduce) · 1×1"} <= set(series)
+    assert {"PyTorch DDP · 1×1", "PyTorch DDP · 2×1", "CNTK-style · 1×1"} <= set(series)
     assert [p[0] for p in series["PyTorch DDP · 1×1"]["points"]][:2] == ["fc8", "fc7"]  # backward order
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from analysis import figures, report, summary
 from analysis.store import ResultStore
-from tests.test_analysis_data import make_campaign, make_record, make_records
+from tests.test_analysis_data import make_campaign, make_failed_record, make_record, make_records
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -110,9 +110,12 @@ def test_several_models_and_batches_get_panels(tmp_path):
         assert_png(draw(frame, tmp_path))
 
 
-def test_series_name_adds_the_mode_only_when_the_label_lacks_it():
+def test_series_names_are_the_catalogues_labels():
     assert figures.series_name("PyTorch DDP", "ddp") == "PyTorch DDP"
     assert figures.series_name("TensorFlow", "ps") == "TensorFlow (ps)"
+    assert figures.series_name("CNTK-style", "allreduce") == "CNTK-style"
+    assert figures.series_name("Caffe-MPI-style", "mpi") == "Caffe-MPI-style"
+    assert figures.series_name("Newframe", "ring") == "Newframe (ring)"  # not in the catalogue
     assert figures.series_name(None, "ps") == "ps"
 
 
@@ -168,6 +171,24 @@ def test_report_content(campaign):
     pre = re.search(r"<pre>(.*?)</pre>", failures, re.S).group(1)
     assert "RuntimeError: rank 1 lost connection to parameter server &lt;ps:0&gt; &amp; gave up" in pre
     assert "1.600" in text and "0.800" in text  # speedup / efficiency of the 2-worker DDP run
+
+
+def test_everything_from_the_records_is_escaped(tmp_path):
+    """Run ids, labels, campaign settings and error tails come from records: the page shows them
+    as text, never as markup (the template escapes every value)."""
+    hostile = "<img src=x onerror=alert(1)>"
+    failed = dict(make_failed_record(), run_id=f"run-{hostile}", framework_label=f"PS {hostile}",
+                  error=f"Traceback\n<script>alert(2)</script> & {hostile}")
+    out = make_campaign(tmp_path / "c", [make_records()[0], failed])
+    with ResultStore.for_campaign(out) as store:
+        store.set_meta("note", f"</td></tr>{hostile}")
+    text = report.build_report(out).read_text(encoding="utf-8")
+    assert "<script" not in text and "<img src=x" not in text and "</td></tr><img" not in text
+    assert "&lt;script&gt;alert(2)&lt;/script&gt; &amp; &lt;img src=x onerror=alert(1)&gt;" in text
+    assert "run-&lt;img src=x onerror=alert(1)&gt;" in text and "PS &lt;img src=x" in text
+    checker = _Checker()
+    checker.feed(text)
+    assert not checker.errors and not checker.stack and checker.images
 
 
 def test_report_writes_tables(campaign):

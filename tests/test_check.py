@@ -19,7 +19,7 @@ def assert_one_line_error(result, needle: str) -> None:
     (["--frameworks", "torch,tf:nope", "--model", "alexnet-tiny"], "nope"),
     (["--frameworks", "torch", "--model", "alexnet-tiny"], "at least two"),
     (["--frameworks", "torch,tf", "--model", "vgg99"], "vgg99"),
-    (["--frameworks", "torch,tf", "--model", "alexnet-tiny", "--batch", "0"], "--batch"),
+    (["--frameworks", "torch,tf", "--model", "alexnet-tiny", "--batch-size", "0"], "--batch-size"),
     (["--frameworks", "torch,tf", "--model", "alexnet-tiny", "--tolerance", "-1"],
      "--tolerance"),
     (["--frameworks", "torch,tf"], "--model"),

@@ -3,6 +3,7 @@ subcommands, campaign files, and what `--dry-run` says a campaign costs."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -148,3 +149,64 @@ def test_duration_from_a_stored_run_of_the_same_configuration():
     assert source == "stored" and seconds == pytest.approx(5.0 + 42 * 0.02)
     total, sources = dryrun.estimate(planning.expand(campaign_of()), stored)
     assert sources == {"stored": 4, "defaults": 0, "unknown": 0}  # the others scale its iteration time
+
+
+# --------------------------------------------------------------------------- one flag vocabulary
+
+def deprecation_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("dlcompare: warning: ")]
+
+
+def test_run_takes_the_old_spellings_with_one_warning_each(tmp_path):
+    """Said once each, though the command moves into the launcher's environment after reading
+    its flags and reads them again there."""
+    result = run_cli("launchers.compare", "--schemes", "torch", "--model", "alexnet-tiny", "--workers-per-node", "1",
+                     "--batch=8", "--dry-run", "--out", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert deprecation_lines(result) == [
+        "dlcompare: warning: --schemes is deprecated; use --frameworks",
+        "dlcompare: warning: --workers-per-node is deprecated; use --workers",
+        "dlcompare: warning: --batch is deprecated; use --batch-size"]
+    assert "Plan: 1 runs" in result.stderr and "torch-ddp-alexnet-tiny-1x1-b8-" in result.stderr
+
+
+def test_a_campaign_file_takes_the_old_keys_with_one_warning_each(tmp_path):
+    path = tmp_path / "campaign.yaml"
+    path.write_text("schemes: [torch, cntk-style]\nmodel: alexnet-tiny\nworkers_per_node: 1\nbatch: 8\n")
+    result = run_cli("launchers.compare", str(path), "--dry-run", "--out", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert deprecation_lines(result) == [
+        f"dlcompare: warning: {path}: key schemes is deprecated; use frameworks",
+        f"dlcompare: warning: {path}: key workers_per_node is deprecated; use workers",
+        f"dlcompare: warning: {path}: key batch is deprecated; use batch-size"]
+    assert "Plan: 2 runs" in result.stderr and "cntk-style-allreduce-alexnet-tiny-1x1-b8-" in result.stderr
+
+
+def test_predict_takes_the_old_spellings_with_one_warning_each():
+    result = run_cli("analysis.predict", "--cluster", str(REPO_ROOT / "examples" / "cluster.toml"), "--schemes", "tf:ps",
+                     "--workers-per-node", "2", "--batch", "16", "--ps", "2", "--nodes", "1,2", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line.split(":")[2].split()[0] for line in deprecation_lines(result)] == [
+        "--cluster", "--schemes", "--workers-per-node", "--batch", "--ps"]
+    assert "use --cluster-file" in result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["scheme"], r["nodes"], r["workers_per_node"]) for r in rows] == [("tf:ps", 1, 2), ("tf:ps", 2, 2)]
+
+
+def test_calibrate_takes_the_old_spellings_with_one_warning_each(tmp_path):
+    """The old flags reach the calibration's own checks (a single worker cannot time an
+    all-reduce), after one warning each."""
+    result = run_cli("launchers.calibrate", "--schemes", "cntk-style", "--workers-per-node", "1", "--ps", "2",
+                     "--out", str(tmp_path / "c"))
+    assert result.returncode == 2
+    assert len(deprecation_lines(result)) == 3 and "use --servers" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "dlcompare: error: cntk-style:allreduce needs at least 2 workers to time an all-reduce")
+
+
+def test_check_takes_the_old_spellings_with_one_warning_each():
+    result = run_cli("launchers.check", "--schemes", "torch,tf", "--model", "alexnet-tiny", "--batch", "0")
+    assert result.returncode == 2
+    assert deprecation_lines(result) == ["dlcompare: warning: --schemes is deprecated; use --frameworks",
+                                         "dlcompare: warning: --batch is deprecated; use --batch-size"]
+    assert result.stderr.strip().splitlines()[-1] == "dlcompare: error: --batch-size must be at least 1, got 0"

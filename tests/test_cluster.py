@@ -11,13 +11,12 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, default_sigint, run_cli, worker_processes
+from tests.conftest import REPO_ROOT, cli_command, default_sigint, run_cli, worker_processes
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
 ROOT = os.geteuid() == 0
@@ -236,12 +235,12 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def start_hanging_campaign(out: Path) -> subprocess.Popen:
-    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    command, env = cli_command(
+        "launchers.compare", "--frameworks", "torch", "--model", "alexnet-tiny", "--nodes", "2",
+        "--workers", "1", "--cluster", "emulated", "--bandwidth", "100Mbit", "--inject-fault",
+        "hang:1", "--timeout", "600", "--out", str(out), *FAST)
     return subprocess.Popen(
-        [sys.executable, "-m", "launchers.compare", "--frameworks", "torch", "--model",
-         "alexnet-tiny", "--nodes", "2", "--workers", "1", "--cluster", "emulated",
-         "--bandwidth", "100Mbit", "--inject-fault", "hang:1", "--timeout", "600",
-         "--out", str(out), *FAST], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_sigint)
 
 

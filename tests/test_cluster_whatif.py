@@ -107,14 +107,14 @@ def test_cli_bad_cluster_input_exits_2_with_one_line(tmp_path, capsys):
     bad = write(tmp_path, SMALL.replace("[device]", "[device]\ncolour = \"green\""))
     for argv, needle in (([str(bad)], "unknown key device.colour"),
                          ([str(tmp_path / "none.toml")], "cannot read cluster file"),
-                         ([str(EXAMPLE), "--schemes", "torch:zero"], "unknown mode 'zero' for torch"),
+                         ([str(EXAMPLE), "--frameworks", "torch:zero"], "unknown mode 'zero' for torch"),
                          ([str(EXAMPLE), "--model", "vgg99"], "vgg99"),
                          ([str(write(tmp_path, SMALL.replace("batch_per_worker = 16\n", ""), "b.toml"))],
                           "--batch-size")):
-        assert predict.main(["--cluster", *argv, "--no-files"]) == 2
+        assert predict.main(["--cluster-file", *argv, "--no-files"]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and needle in err, err
-    with pytest.raises(SystemExit) as exited:  # neither --from nor --cluster: argparse's usage error
+    with pytest.raises(SystemExit) as exited:  # neither --from nor --cluster-file: argparse's usage error
         predict.main(["--no-files"])
     assert exited.value.code == 2 and "--from" in capsys.readouterr().err
 
@@ -128,7 +128,7 @@ def test_cli_names_the_bad_key_of_the_new_terms(tmp_path):
             (("[workload]", "[parameter_servers]\nplacement = \"cloud\"\n[workload]"),
              "parameter_servers.placement")):
         path = write(tmp_path, SMALL.replace(*change, 1), f"bad{len(needle)}.toml")
-        result = run_cli("launchers.cli", "predict", "--cluster", str(path), "--json", timeout=120)
+        result = run_cli("launchers.cli", "predict", "--cluster-file", str(path), "--json", timeout=120)
         assert result.returncode == 2, (result.returncode, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("dlcompare: error:") and needle in lines[0], result.stderr
@@ -184,7 +184,7 @@ def test_cluster_rows_by_hand(tmp_path, capsys):
     """CNTK-style on 2 nodes x 1 worker: the whole gradient n after backward, ring over the
     NIC: 2 (10 us + 5 us nccl) + n x 1 ns/B + n/2 x 3 / 100 GB/s."""
     path = write(tmp_path, SMALL)
-    rows = rows_of(["--cluster", str(path), "--schemes", "cntk-style", "--nodes", "1,2"], capsys)
+    rows = rows_of(["--cluster-file", str(path), "--frameworks", "cntk-style", "--nodes", "1,2"], capsys)
     assert [r["nodes"] for r in rows] == [1, 2] and set(rows[0]) >= set(whatif.ROW_KEYS)
     n = 4 * get_model(MODEL).total_params
     t_one = pm.single_worker_prediction(flops_profile(MODEL, 16, 5e12, 10e9, 100e9)).iter_time
@@ -204,8 +204,8 @@ def test_node_effects_in_the_rows_by_hand(tmp_path, capsys):
     over the intra-node link: 6 (1 us + 5 us) + 1.5 n x 0.1 ns/B + 0.75 n x 3 / 100 GB/s."""
     text = SMALL.replace("efficiency = 0.5", "efficiency = 0.5\njitter = 0.05") \
         .replace("workers_per_node = 1", "workers_per_node = 4\nhost_bandwidth = \"20 GB/s\"")
-    rows = rows_of(["--cluster", str(write(tmp_path, text)), "--schemes", "cntk-style", "--nodes", "1",
-                    "--workers-per-node", "1,4"], capsys)
+    rows = rows_of(["--cluster-file", str(write(tmp_path, text)), "--frameworks", "cntk-style", "--nodes", "1",
+                    "--workers", "1,4"], capsys)
     prof = flops_profile(MODEL, 16, 5e12, 10e9, 100e9)
     t_one = pm.single_worker_prediction(prof).iter_time
     stretch = 1 + 0.05 * pm.expected_max_standard_normal(4)
@@ -219,8 +219,8 @@ def test_node_effects_in_the_rows_by_hand(tmp_path, capsys):
 
 
 def test_every_study_scheme_on_the_example_and_its_sweeps(capsys, tmp_path):
-    rows = rows_of(["--cluster", str(EXAMPLE), "--nodes", "1,2,4", "--bandwidth", "10Gbit,56Gbit",
-                    "--workers-per-node", "2,4"], capsys)
+    rows = rows_of(["--cluster-file", str(EXAMPLE), "--nodes", "1,2,4", "--bandwidth", "10Gbit,56Gbit",
+                    "--workers", "2,4"], capsys)
     assert {r["scheme"] for r in rows} == set(whatif.STUDY_SCHEMES)
     assert len(rows) == len(whatif.STUDY_SCHEMES) * 3 * 2 * 2
     for row in rows:
@@ -237,7 +237,7 @@ def test_every_study_scheme_on_the_example_and_its_sweeps(capsys, tmp_path):
             assert fast["efficiency"] >= slow["efficiency"] - slack, scheme
     # the same cluster, files written: PNG with the report's helpers, the table with its code
     _, written = predict.run(predict.build_parser().parse_args(
-        ["--cluster", str(EXAMPLE), "--nodes", "1,2", "--out", str(tmp_path / "w")]))
+        ["--cluster-file", str(EXAMPLE), "--nodes", "1,2", "--out", str(tmp_path / "w")]))
     assert written["png"].read_bytes()[:4] == b"\x89PNG" and "| torch:ddp" in written["md"].read_text()
 
 
@@ -245,7 +245,7 @@ def test_profile_from_a_stored_campaign(tmp_path, capsys):
     campaign = whatif_campaign(tmp_path)
     path = write(tmp_path, SMALL.replace('[device]\nname = "Test GPU"',
                                          f'[device]\nname = "this VM"\nprofile = "{campaign.name}"'), "p.toml")
-    rows = rows_of(["--cluster", str(path), "--schemes", "torch", "--nodes", "1"], capsys)
+    rows = rows_of(["--cluster-file", str(path), "--frameworks", "torch", "--nodes", "1"], capsys)
     assert rows[0]["profile"] == "profile PyTorch DDP b16" and rows[0]["t1_s"] == pytest.approx(0.063)
 
 
@@ -259,14 +259,14 @@ def test_profile_jitter_comes_from_the_runs_repeats(tmp_path, capsys):
     measured, stated = (write(tmp_path, SMALL.replace('[device]\nname = "Test GPU"',
                                                      f'[device]\nname = "this VM"\nprofile = "{campaign.name}"{extra}'),
                               f"p{i}.toml") for i, extra in enumerate(("", "\njitter = 0.0")))
-    argv = ["--schemes", "torch", "--nodes", "2"]
-    with_jitter, without = (rows_of(["--cluster", str(path), *argv], capsys)[0] for path in (measured, stated))
+    argv = ["--frameworks", "torch", "--nodes", "2"]
+    with_jitter, without = (rows_of(["--cluster-file", str(path), *argv], capsys)[0] for path in (measured, stated))
     stretch = 1 + 0.04 * math.sqrt(20) * pm.expected_max_standard_normal(2)
     assert with_jitter["iter_time_s"] > without["iter_time_s"] * (1 + 0.5 * (stretch - 1))
 
 
 def test_cluster_cli_runs_as_a_user_runs_it():
-    result = run_cli("analysis.predict", "--cluster", str(EXAMPLE), "--json", "--schemes", "horovod,tf:ps",
+    result = run_cli("analysis.predict", "--cluster-file", str(EXAMPLE), "--json", "--frameworks", "horovod,tf:ps",
                      timeout=120)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]

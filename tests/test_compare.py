@@ -95,18 +95,15 @@ def test_jpeg_files_through_dataloader_workers(tmp_path, torch_python):
 def test_interrupted_campaign_resumes_without_redoing_or_losing_runs(tmp_path, torch_python):
     """Ctrl-C after the first run is stored: exit 130, that run kept, no rank left; the same
     command again runs only the missing run."""
-    import os
     import signal
     import subprocess
-    import sys
 
-    from tests.conftest import REPO_ROOT, default_sigint
+    from tests.conftest import REPO_ROOT, cli_command, default_sigint
 
     out = tmp_path / "interrupted"
-    args = [sys.executable, "-m", "launchers.compare", "--frameworks", "torch", "--model",
-            "alexnet-tiny", "--workers", "1,2", "--out", str(out), "--iterations", "20",
-            "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
-    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    args, env = cli_command("launchers.compare", "--frameworks", "torch", "--model",
+                            "alexnet-tiny", "--workers", "1,2", "--out", str(out), "--iterations", "20",
+                            "--repeats", "2", "--warmup", "1", "--profile-iterations", "1")
     campaign = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 300

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO_ROOT, default_sigint, run_cli, worker_processes
+from tests.conftest import REPO_ROOT, cli_command, default_sigint, run_cli, worker_processes
 from tests.test_analysis_data import make_record
 from tests.test_cluster import sshd_nodes  # noqa: F401 - the fixture: two nodes behind real sshd
 
@@ -86,12 +86,11 @@ def wait_for(condition, timeout: float, what: str):
 
 def start_campaign(out: Path, *args: str, **popen) -> subprocess.Popen:
     """`python -m launchers.compare ... --out OUT` in the background, as a user starts it."""
-    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    command, env = cli_command("launchers.compare", *args, "--out", str(out))
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
     popen.setdefault("preexec_fn", default_sigint)
-    return subprocess.Popen([sys.executable, "-m", "launchers.compare", *args, "--out", str(out)],
-                            cwd=REPO_ROOT, env=env, text=True, **popen)
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True, **popen)
 
 
 def running(campaign: subprocess.Popen, value):
@@ -213,12 +212,12 @@ def test_every_number_and_list_flag_is_checked(check, value, needle):
     ("bad..name", "node name 'bad..name'"),
 ])
 def test_hostfile_names_that_ssh_could_read_as_options_are_bad_input(tmp_path, line, needle):
-    from launchers.cluster import ClusterError
+    from launchers.cluster import TransportError
     from launchers.cluster.ssh import read_hostfile
 
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"{line}\nnode2 slots=1\n")
-    with pytest.raises(ClusterError, match=re.escape(needle)) as raised:
+    with pytest.raises(TransportError, match=re.escape(needle)) as raised:
         read_hostfile(str(hostfile))
     assert "line 1" in str(raised.value)
 

@@ -1,6 +1,6 @@
 """bench/gpu_study.py: the GPU study in its tiny CPU mode (the same campaigns, tables and
 archive as on a GPU, what only a GPU has marked as such), and the wheels it brings the
-launcher's packages with on a node that lacks them."""
+launcher's packages with on a node that lacks them (launchers/wheels.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_study import TABLES, unpack_missing, wheel_for, wrapper
+from analysis.gpu_study_tables import TABLES
+from launchers.wheels import unpack_missing, wheel_for, wrapper
 from models import get_model
 from tests.conftest import run_cli
 from tests.test_bad_input import assert_one_line_error

@@ -59,6 +59,8 @@ def test_a_bare_name_is_found_on_path():
     ("torch=/no/such/python", "no such interpreter"),
     ("torch=no-such-python-anywhere", "no such interpreter"),
     ("torch={plain}", "not an executable file"),
+    ("torch=sh,,tf=sh", "empty item"),
+    ("torch=sh,", "empty item"),
 ])
 def test_malformed_entries_are_one_line_errors(tmp_path, entry, needle):
     plain = tmp_path / "plain.txt"

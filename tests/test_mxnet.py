@@ -25,7 +25,7 @@ from core.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
 from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run,
-                            run_cli, worker_processes)
+                            cli_command, run_cli, worker_processes)
 from tests.conftest import check_run as run_check
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
@@ -125,7 +125,7 @@ def test_rendezvous_refuses_what_cannot_run():
 def test_adapter_rejects_names_mxnet_would_accept(mxnet_python):
     out = run_in_env(mxnet_python, """
         import mxnet as mx
-        from adapters.mxnet import check_mode
+        from adapters.mxnet.base import check_mode
         # MXNet itself accepts any name without a word (a local store behind it):
         store = mx.kv.create("horovod")
         print("mxnet made:", store.type, store.num_workers)
@@ -148,7 +148,7 @@ def test_gluon_build_matches_the_description_shapes(mxnet_python):
     inference, for the tiny and the full models (Caffe's ceil-mode pools included)."""
     out = run_in_env(mxnet_python, """
         import mxnet as mx
-        from adapters.mxnet import Network
+        from adapters.mxnet.model import Network
         from models import MODEL_NAMES, get_model
         for name in MODEL_NAMES:
             spec = get_model(name)
@@ -173,12 +173,12 @@ def test_gluon_build_matches_the_description_shapes(mxnet_python):
 
 @pytest.mark.slow
 def test_composite_lrn_is_caffes_lrn_forward_and_backward(mxnet_python):
-    """The LRN used under MKL-DNN (see adapters/mxnet.py LRN) against Caffe's formula and its
+    """The LRN used under MKL-DNN (see adapters/mxnet/model.py LRN) against Caffe's formula and its
     analytic gradient in float64, with a large alpha so a wrong cross-channel term shows."""
     out = run_in_env(mxnet_python, """
         import numpy as np, mxnet as mx
         from mxnet import autograd
-        from adapters.mxnet import LRN
+        from adapters.mxnet.model import LRN
         from models import LRN as Spec
         rng = np.random.default_rng(0)
         x = rng.standard_normal((2, 16, 5, 5))
@@ -277,7 +277,7 @@ def test_recordio_path_packs_the_same_jpegs_and_decodes_like_the_others(tmp_path
         from pathlib import Path
         from adapters.base import DistInfo, RunConfig
         from adapters.data import decode_jpeg, list_jpeg_dataset
-        from adapters.mxnet import RecordBatches, pack_recordio
+        from adapters.mxnet.inputs import RecordBatches, pack_recordio
         from models import get_model
         root = {str(root)!r}
         items = list_jpeg_dataset(root)
@@ -347,11 +347,9 @@ def test_a_ps_lite_role_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path
                "alexnet-tiny", "--workers", "2", "--servers", "2", "--out", str(out),
                "--timeout", str(timeout), "--iterations", "100000", "--repeats", "1",
                "--warmup", "1", "--profile-iterations", "1"]
-    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
-    import sys
-
+    command, env = cli_command(*command)
     started = time.monotonic()
-    cli = subprocess.Popen([sys.executable, "-m", *command], cwd=REPO_ROOT, env=env,
+    cli = subprocess.Popen(command, cwd=REPO_ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         victim = None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis import perfmodel as pm
-from analysis import predict, report, tables, units, whatif
+from analysis import predict, rendering, report, tables, units, whatif
 from analysis.calibration import CalibrationFit
 from analysis.store import ResultStore
 from bench.loopback_prediction import (campaign_arguments, prediction_table, scheme_medians,
@@ -211,12 +211,12 @@ def test_study_tables_markdown_csv_latex(tmp_path):
     with ResultStore.for_campaign(out) as store:
         frame = store.runs_frame()
     wide = tables.study_scaling_tables(frame)[MODEL]
-    assert list(wide.index) == ["CNTK-style (allreduce)", "PyTorch DDP"]
+    assert list(wide.index) == ["CNTK-style", "PyTorch DDP"]
     topologies = list(dict.fromkeys(wide.columns.get_level_values(0)))
     assert topologies == ["1 worker", "2 workers", "4 workers", "2 nodes", "4 nodes"]
     assert wide.loc["PyTorch DDP", ("2 workers", "S")] == pytest.approx(1.6)
     assert wide.loc["PyTorch DDP", ("2 nodes", "E")] == pytest.approx(0.5)
-    assert math.isnan(wide.loc["CNTK-style (allreduce)", ("4 workers", "ms")])
+    assert math.isnan(wide.loc["CNTK-style", ("4 workers", "ms")])
     written = tables.write_study_tables(frame, out)
     tex = written[f"study_scaling_{MODEL}"]["tex"].read_text()
     assert r"\multicolumn{3}{c}{2 workers}" in tex and r"\toprule" in tex and "PyTorch DDP & 100.0 & 1.00" in tex
@@ -224,7 +224,7 @@ def test_study_tables_markdown_csv_latex(tmp_path):
     assert "2 workers S" in md and "1.60" in md
     single = written["study_single"]["csv"].read_text()
     assert "images_per_s" in single and "backward_ms" in single
-    assert tables.latex_escape("a_b & 5%") == r"a\_b \& 5\%"
+    assert rendering.latex_escape("a_b & 5%") == r"a\_b \& 5\%"
 
 
 def test_report_has_model_section_timeline_and_study_tables(tmp_path):
@@ -294,7 +294,7 @@ def test_whatif_grid_is_consistent(tmp_path):
 def test_whatif_selects_stored_schemes_by_cli_name(tmp_path):
     out = whatif_campaign(tmp_path)
     rows, _ = predict.run(predict.build_parser().parse_args(
-        ["--from", str(out), "--model", MODEL, "--schemes", "torch,wfbp", "--nodes", "2", "--no-files"]))
+        ["--from", str(out), "--model", MODEL, "--frameworks", "torch,wfbp", "--nodes", "2", "--no-files"]))
     assert [r["scheme"] for r in rows] == ["torch:ddp", "wfbp"]
     # the catalogue runs on the first profile (PyTorch DDP's), on its calibrated link: 1 / beta = 4 Gbit/s
     assert [r["profile"] for r in rows] == ["PyTorch DDP b16"] * 2
@@ -303,7 +303,7 @@ def test_whatif_selects_stored_schemes_by_cli_name(tmp_path):
 
 def test_whatif_cli_prints_the_table(tmp_path):
     out = whatif_campaign(tmp_path)
-    result = run_cli("analysis.predict", "--from", str(out), "--model", MODEL, *GRID, "--schemes", "stored",
+    result = run_cli("analysis.predict", "--from", str(out), "--model", MODEL, *GRID, "--frameworks", "stored",
                      timeout=120)
     assert result.returncode == 0, result.stderr
     assert "efficiency" in result.stdout and "caffe-mpi-style" in result.stdout and "bottleneck" in result.stdout
@@ -315,8 +315,10 @@ def test_whatif_cli_prints_the_table(tmp_path):
     (["--bandwidth", "fast"], "cannot read bandwidth"),
     (["--latency", "5"], "cannot read latency"),
     (["--nodes", "0,2"], "--nodes"),
+    (["--nodes", "2,,4"], "--nodes has an empty item"),
+    (["--bandwidth", "10Gbit,"], "--bandwidth has an empty item"),
     (["--model", "resnet50"], "no successful one-worker run of resnet50"),
-    (["--schemes", "magic"], "unknown scheme"),
+    (["--frameworks", "magic"], "unknown scheme"),
     (["--profile", "TensorFlow"], "--profile"),
 ])
 def test_whatif_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
@@ -399,13 +401,13 @@ def test_model_predicts_loopback_campaigns_within_30_percent(tmp_path_factory):
     windows = {f"{c.framework}:{c.mode}": len(c.windows) for c in calibrations.itertuples()}
     assert windows.pop(f"{schemes[0]}:ddp") == 1 and set(windows.values()) == {2}, windows
     assert len(windows) == len(schemes) - 1, windows
-    print("\n" + tables.to_markdown(tables.calibration_table(calibrations)))
+    print("\n" + rendering.to_markdown(tables.calibration_table(calibrations)))
     table = tables.prediction_table(frame)
     shown = table[["framework_label", "model", "world_size", "measured_ms", "predicted_ms", "error_pct",
                    "comm_measured_ms", "comm_predicted_ms", "comm_exposed_pred_ms", "basis", "layer_source"]]
-    print("\n" + tables.to_markdown(shown))
+    print("\n" + rendering.to_markdown(shown))
     summary = tables.prediction_summary(frame)
-    print(tables.to_markdown(summary))
+    print(rendering.to_markdown(summary))
     assert set(table["basis"]) == {"calibrated"}, table[["framework_label", "mode", "basis"]]
     assert len(summary) == len(schemes)
     medians = scheme_medians(table)

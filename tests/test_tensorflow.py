@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from core.envs import REPO_ROOT
-from tests.conftest import assert_ranks_equal_one_process, calibration_run, check_run, worker_processes
+from tests.conftest import (assert_ranks_equal_one_process, calibration_run, check_run, cli_command,
+                            worker_processes)
 
 MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
 
@@ -207,13 +207,10 @@ def find_server(marker: str, timeout: float = 300):
 def test_a_parameter_server_dying_mid_run_fails_the_run_and_leaves_nothing(tmp_path,
                                                                            tf_python):
     out = tmp_path / "dying-server"
-    command = [sys.executable, "-m", "launchers.compare", "--frameworks", "tf:ps", "--model",
-               MODEL, "--workers", "2", "--servers", "1", "--out", str(out), "--timeout", "240",
-               "--iterations", "200", "--repeats", "3", "--warmup", "1",
-               "--profile-iterations", "1"]
-    import os
-
-    env = {**os.environ, "DLCOMPARE_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO_ROOT)}
+    command, env = cli_command("launchers.compare", "--frameworks", "tf:ps", "--model",
+                               MODEL, "--workers", "2", "--servers", "1", "--out", str(out),
+                               "--timeout", "240", "--iterations", "200", "--repeats", "3",
+                               "--warmup", "1", "--profile-iterations", "1")
     started = time.monotonic()
     campaign = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)

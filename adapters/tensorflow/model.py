@@ -1,8 +1,8 @@
 """The shared model description (models/) as TensorFlow ops over variables named by the
 canonical names, and the momentum update every mode applies.
 
-The model is built by walking the description's tree (Sequential, Concat, Residual) like
-adapters/pytorch.py does, with raw `tf.nn` ops, so weights and gradients convert to and from the
+The model runs the description's tree through the shared walker (`models.layers.walk`), each
+leaf compiled once into raw `tf.nn` ops, so weights and gradients convert to and from the
 canonical layout by name: conv OIHW <-> HWIO, linear (out, in) <-> (in, out) with the rows of
 the first Linear after a Flatten permuted when activations are NHWC (the canonical flatten order
 is C, H, W).
@@ -68,8 +68,26 @@ class Ctx:
         self.updates = []
 
 
+class Forward(L.TreeBuilder):
+    """One forward pass of a `TFModel`: its compiled leaves, branches concatenated along the
+    layout's channel axis, shortcuts added; merges assert their shapes like the leaves."""
+
+    def __init__(self, model: "TFModel", ctx: Ctx):
+        self.model, self.ctx = model, ctx
+
+    def leaf(self, layer, x):
+        return self.model.leaves[layer.name](x, self.ctx)
+
+    def concat(self, node, outputs):
+        return self.model.check_shape(tf.concat(outputs, self.model.channel_axis), node)
+
+    def add(self, node, body, shortcut):
+        return self.model.check_shape(body + shortcut, node)
+
+
 class TFModel:
-    """The shared description compiled into a tree of closures over `tf.nn` ops.
+    """The shared description's leaves compiled into closures over `tf.nn` ops, run by the
+    shared tree walker.
 
     Variables are not owned here: `__call__` reads them from the dicts it is given (keyed by
     canonical names), so the same model runs over strategy-mirrored variables, plain local
@@ -92,7 +110,8 @@ class TFModel:
                              for name, shape in spec.parameter_shapes().items()}
         self.buffer_shapes = dict(spec.buffer_shapes())
         self._pending_flatten = None
-        self.root = self._compile(spec.root, spec.input_shape)
+        self.leaves = self._compile_leaves()
+        self.shapes = spec.output_shapes()
 
     # -- layout conversions ------------------------------------------------------------------
     def _tf_shape(self, name: str, shape: tuple) -> tuple:
@@ -137,7 +156,7 @@ class TFModel:
         """Logits for `images`, and the BN running-statistics assignments made (run them in
         TF1 graph mode; in eager and tf.function they have already run)."""
         ctx = Ctx(params, buffers, training, update_stats)
-        return self.root(images, ctx), ctx.updates
+        return L.walk(self.spec.root, images, Forward(self, ctx)), ctx.updates
 
     def loss(self, logits, labels):
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -146,44 +165,27 @@ class TFModel:
     # -- compiling the description -----------------------------------------------------------
     def _expect(self, fn, node, out_shape):
         """Wrap `fn` so tracing asserts the output shape equals models' shape inference."""
-        c, *hw = out_shape
+        return lambda x, ctx: self.check_shape(fn(x, ctx), node, out_shape)
+
+    def check_shape(self, y, node, out_shape=None):
+        """`y`, after asserting its shape is the description's output of `node`."""
+        c, *hw = out_shape or self.shapes[node.name]
         expected = ([*hw, c] if self.layout == "NHWC" else [c, *hw]) if hw else [c]
+        got = y.shape.as_list()[1:]
+        if got != expected:
+            raise AssertionError(f"{node.name}: TF output shape {got} but the model "
+                                 f"description gives {expected}")
+        return y
 
-        def checked(x, ctx):
-            y = fn(x, ctx)
-            got = y.shape.as_list()[1:]
-            if got != expected:
-                raise AssertionError(f"{node.name}: TF output shape {got} but the model "
-                                     f"description gives {expected}")
-            return y
-
-        return checked
-
-    def _compile(self, node, shape):
-        out = self.spec.output_shape(node, shape)
-        if isinstance(node, L.Sequential):
-            fns, current = [], shape
-            for child in node.layers:
-                fns.append(self._compile(child, current))
-                current = self.spec.output_shape(child, current)
-
-            def sequential(x, ctx):
-                for fn in fns:
-                    x = fn(x, ctx)
-                return x
-
-            return sequential
-        if isinstance(node, L.Concat):
-            branches = [self._compile(b, shape) for b in node.branches]
-            axis = self.channel_axis
-            return self._expect(lambda x, ctx: tf.concat([b(x, ctx) for b in branches], axis),
-                                node, out)
-        if isinstance(node, L.Residual):
-            body = self._compile(node.body, shape)
-            short = self._compile(node.shortcut, shape) if node.shortcut is not None else None
-            return self._expect(
-                lambda x, ctx: body(x, ctx) + (x if short is None else short(x, ctx)), node, out)
-        return self._expect(self._leaf(node, shape, out), node, out)
+    def _compile_leaves(self) -> dict:
+        """Every leaf as a closure over `tf.nn` ops, in forward order (a Linear after a
+        Flatten learns the flatten's shape from the one before it), each asserting its
+        output shape."""
+        leaves = {}
+        for layer, shape in self.spec.leaf_inputs():
+            out = self.spec.output_shape(layer, shape)
+            leaves[layer.name] = self._expect(self._leaf(layer, shape, out), layer, out)
+        return leaves
 
     def _leaf(self, layer, shape, out):
         if not isinstance(layer, (L.ReLU, L.Dropout, L.Linear, L.Flatten)):

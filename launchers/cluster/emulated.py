@@ -40,7 +40,7 @@ from pathlib import Path
 
 from analysis.units import parse_bandwidth, parse_latency
 from core.cli import OneLineParser
-from launchers.cluster import ClusterError
+from launchers.cluster import Transport, TransportError
 from launchers.local import start_reaper, stop_reaper, wait_for_owner
 from launchers.rendezvous import Host
 
@@ -72,11 +72,11 @@ exec ip netns exec "$host" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"
 
 
 def run_ip(*args: str, check: bool = True, namespace: str | None = None) -> subprocess.CompletedProcess:
-    """`ip ARGS` (or `ip -n NS ARGS`); a failure is a ClusterError with ip's own message."""
+    """`ip ARGS` (or `ip -n NS ARGS`); a failure is a TransportError with ip's own message."""
     command = ["ip", *(["-n", namespace] if namespace else []), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     if check and done.returncode != 0:
-        raise ClusterError(f"{' '.join(command)}: {done.stderr.strip() or 'failed'}")
+        raise TransportError(f"{' '.join(command)}: {done.stderr.strip() or 'failed'}")
     return done
 
 
@@ -84,7 +84,7 @@ def run_tc(*args: str, namespace: str | None = None, check: bool = True) -> subp
     command = ["tc", *(["-n", namespace] if namespace else []), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     if check and done.returncode != 0:
-        raise ClusterError(f"{' '.join(command)}: {done.stderr.strip() or 'failed'}")
+        raise TransportError(f"{' '.join(command)}: {done.stderr.strip() or 'failed'}")
     return done
 
 
@@ -222,16 +222,19 @@ def netem_available() -> bool:
         run_ip("link", "del", probe, check=False)
 
 
-class EmulatedCluster:
+class EmulatedCluster(Transport):
     """`nodes` network namespaces on a private bridge; see the module docstring."""
 
     kind = "emulated"
+    summary = "network namespaces on this host with links shaped by tc; root"
     max_nodes = MAX_NODES
+    shapes_links = True
+    nodes_share_this_machine = True
 
-    def __init__(self, nodes: int, owner: int | None = None, dry_run: bool = False):
+    def __init__(self, nodes: int = 0, owner: int | None = None, dry_run: bool = False):
         if nodes > MAX_NODES:
-            raise ClusterError(f"--cluster emulated runs at most {MAX_NODES} nodes on one host, "
-                               f"asked for {nodes}")
+            raise TransportError(f"--cluster emulated runs at most {MAX_NODES} nodes on one host, "
+                                 f"asked for {nodes}")
         self.nodes = nodes
         self.owner = owner or os.getpid()
         self.dry_run = dry_run
@@ -243,14 +246,17 @@ class EmulatedCluster:
         self.reaper: subprocess.Popen | None = None
         self.created = False
 
-    @classmethod
-    def for_campaign(cls, campaign, dry_run: bool = False) -> "EmulatedCluster":
-        cluster = cls(max(campaign.nodes), dry_run=dry_run)
+    def check_machine(self) -> None:
+        check_can_emulate()
+
+    def open(self, campaign, dry_run: bool = False) -> "EmulatedCluster":
+        """As many nodes as the campaign's largest run; netem probed when it asks for latency."""
+        self.nodes, self.dry_run = max(campaign.nodes), dry_run
         if not dry_run:
-            cluster.up()
-            if any(getattr(campaign, "latencies", [None])):
-                cluster.netem = netem_available()
-        return cluster
+            self.up()
+            if any(campaign.latencies):
+                self.netem = netem_available()
+        return self
 
     # -- names ------------------------------------------------------------------------------
 
@@ -323,12 +329,6 @@ class EmulatedCluster:
         self.created = False
         stop_reaper(self.reaper)  # nothing left to reap
         self.reaper = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- shaping ----------------------------------------------------------------------------
 
@@ -427,11 +427,11 @@ def tune_tcp(namespace: str) -> None:
 def check_can_emulate() -> None:
     """Root and the tools, or one line saying what is missing."""
     if os.geteuid() != 0:
-        raise ClusterError("--cluster emulated creates network namespaces and shapes links: "
+        raise TransportError("--cluster emulated creates network namespaces and shapes links: "
                            "it needs root (run as root, or use --cluster hostfile:FILE / slurm)")
     missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
     if missing:
-        raise ClusterError(f"--cluster emulated needs {', '.join(missing)} "
+        raise TransportError(f"--cluster emulated needs {', '.join(missing)} "
                            "(Debian: apt-get install iproute2 util-linux)")
 
 
@@ -446,7 +446,7 @@ def free_subnet() -> str:
         candidate = ipaddress.ip_network(f"{SUBNET_BASE}.{k}.0/24")
         if not any(candidate.overlaps(net) for net in taken):
             return f"{SUBNET_BASE}.{k}.0"
-    raise ClusterError(f"no free {SUBNET_BASE}.K.0/24 subnet for the emulated cluster")
+    raise TransportError(f"no free {SUBNET_BASE}.K.0/24 subnet for the emulated cluster")
 
 
 def reap(owner: int) -> int:

@@ -34,11 +34,10 @@ import sys
 import time
 from pathlib import Path
 
-from adapters.base import RunConfig
 from core.cli import OneLineParser
 from core.envs import REPO_ROOT
-from launchers.cluster import ClusterError, LocalCluster
-from launchers.local import RunOutcome, run_local, stderr_tail
+from core.files import write_text_atomic
+from launchers.cluster import Transport, TransportError
 from launchers.rendezvous import Host
 
 POLL_SECONDS = 2.0
@@ -67,9 +66,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         self.count += 1
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(str(self.count))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, str(self.count))
 
     def check(self, _progress=None) -> None:
         """Raise LauncherGone when the counter has not changed for `lost_after` seconds (an
@@ -89,24 +86,25 @@ class Heartbeat:
                                f"{now - self.changed_at:.0f} s ago: run abandoned")
 
 
-class SlurmCluster(LocalCluster):
+class SlurmCluster(Transport):
     """Runs through sbatch; `hosts`/`wrappers` apply inside the job (see `inside`). Nothing
     is placed from the campaign's side: no wrappers, no link counters, nothing to tear down."""
 
     kind = "slurm"
-    max_nodes = 10 ** 6
+    summary = "an sbatch job per run on a Slurm cluster's nodes"
 
-    def __init__(self, partition: str | None = None, dry_run: bool = False):
+    def __init__(self, partition: str | None = None):
         self.partition = partition or os.environ.get("DLCOMPARE_SLURM_PARTITION")
-        if not dry_run:
-            missing = [tool for tool in ("sbatch", "squeue", "scancel") if shutil.which(tool) is None]
-            if missing:
-                raise ClusterError(f"--cluster slurm needs Slurm's {', '.join(missing)} on PATH "
-                                   "(run the campaign on a login node of the cluster)")
 
-    @classmethod
-    def for_campaign(cls, campaign, dry_run: bool = False) -> "SlurmCluster":
-        return cls(dry_run=dry_run)
+    def check_machine(self) -> None:
+        missing = [tool for tool in ("sbatch", "squeue", "scancel") if shutil.which(tool) is None]
+        if missing:
+            raise TransportError(f"--cluster slurm needs Slurm's {', '.join(missing)} on PATH "
+                                 "(run the campaign on a login node of the cluster)")
+
+    def check_calibration(self) -> None:
+        raise TransportError("launchers.calibrate does not submit jobs: on Slurm run it inside an "
+                             "allocation with --cluster hostfile:FILE")
 
     # -- the job script ---------------------------------------------------------------------
 
@@ -144,20 +142,28 @@ class SlurmCluster(LocalCluster):
         return []  # known only inside the allocation
 
     def prepare(self, run) -> dict:
-        return {"cluster": "slurm"}
+        return {"cluster": self.kind}
 
     def describe(self) -> list[str]:
         return ["slurm: one sbatch job per run; inside it the processes are placed with srun "
                 "(or mpirun / horovodrun on the job's first node)"]
 
-    def run(self, config, python: str, run_dir: Path, kind: str, cwd: Path, timeout: float,
-            on_progress=None, extra_env=None, hosts=None, wrappers=()):
+    def commands(self, run, python: str, rendezvous: str, timeout: float) -> list[str]:
+        """The batch script: what the nodes receive."""
+        return self.script(run, python, rendezvous, timeout).splitlines()
+
+    def start(self, run, python: str, rendezvous: str, timeout: float, on_progress=None,
+              extra_env: dict[str, str] | None = None, wrappers=()):
         """Submit the run's job, wait for it to end (or cancel it), return its outcome."""
+        # RunOutcome comes with the local launcher, which needs psutil (launcher's environment)
+        from launchers.local import RunOutcome
+
+        run_dir = Path(run.rank_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        config.to_json(run_dir / "RUN.json")
+        run.to_json(run_dir / "RUN.json")
         (run_dir / "outcome.json").unlink(missing_ok=True)
         script = run_dir / "job.sbatch"
-        script.write_text(self.script(config, python, kind, timeout, extra_env))
+        script.write_text(self.script(run, python, rendezvous, timeout, extra_env))
         submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
                                    text=True, timeout=60)
         if submitted.returncode != 0:
@@ -212,6 +218,9 @@ def _progress(run_dir: Path):
 
 
 def read_outcome(run_dir: Path, job: str, duration: float):
+    # the local launcher's outcome type and its stderr reader need psutil (launcher's environment)
+    from launchers.local import RunOutcome, stderr_tail
+
     try:
         data = json.loads((run_dir / "outcome.json").read_text())
         return RunOutcome(data["status"], data.get("error"), duration)
@@ -249,6 +258,10 @@ def srun_wrapper(spec, argv: list[str], env: dict[str, str]):
 
 def inside(run_json: str, kind: str, python: str, timeout: float) -> int:
     """Inside the allocation: place and run the processes, write outcome.json."""
+    # the run's configuration needs NumPy and the local launcher psutil (launcher's environment)
+    from adapters.base import RunConfig
+    from launchers.local import run_local
+
     config = RunConfig.from_json(run_json)
     run_dir = Path(run_json).parent
     hosts = allocation_hosts()

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.envs import REPO_ROOT
-from launchers.cluster import ClusterError
+from launchers.cluster import Transport, TransportError
 from launchers.rendezvous import Host
 
 OPTIONS = ("slots", "interface", "address", "user", "port", "identity", "config")
@@ -99,11 +99,11 @@ class Node:
 
 
 def read_hostfile(path: str) -> list[Node]:
-    """The nodes of a hostfile; any malformed line is a ClusterError naming file and line."""
+    """The nodes of a hostfile; any malformed line is a TransportError naming file and line."""
     try:
         text = Path(path).expanduser().read_text()
     except OSError as error:
-        raise ClusterError(f"cannot read hostfile {path}: {error.strerror or error}") from None
+        raise TransportError(f"cannot read hostfile {path}: {error.strerror or error}") from None
     nodes = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -114,55 +114,75 @@ def read_hostfile(path: str) -> list[Node]:
         for option in options:
             key, sep, value = option.partition("=")
             if not sep or key not in OPTIONS or not value:
-                raise ClusterError(f"hostfile {path} line {number}: cannot read {option!r} "
+                raise TransportError(f"hostfile {path} line {number}: cannot read {option!r} "
                                    f"(expected NAME [{'=... '.join(OPTIONS)}=...])")
             values[key] = value
         for key in ("slots", "port"):
             if key in values:
                 if not values[key].isdigit() or not 1 <= int(values[key]) <= (65535 if key == "port" else 10**6):
-                    raise ClusterError(f"hostfile {path} line {number}: {key} must be a positive "
+                    raise TransportError(f"hostfile {path} line {number}: {key} must be a positive "
                                        f"whole number, got {values[key]!r}")
                 values[key] = int(values[key])
         check_names(path, number, name, values)
         if any(node.name == name for node in nodes):
-            raise ClusterError(f"hostfile {path} line {number}: node {name} listed twice")
+            raise TransportError(f"hostfile {path} line {number}: node {name} listed twice")
         nodes.append(Node(name, **values))
     if not nodes:
-        raise ClusterError(f"hostfile {path} lists no node")
+        raise TransportError(f"hostfile {path} lists no node")
     return nodes
 
 
 def check_names(path: str, number: int, name: str, values: dict) -> None:
     """The node's name, address, user and interface as ssh, the ranks and a shell will see
-    them: a ClusterError naming file and line otherwise."""
+    them: a TransportError naming file and line otherwise."""
     checks = [("node name", name, valid_host), ("address", values.get("address"), valid_host),
               ("user", values.get("user"), USER_NAME.match),
               ("interface", values.get("interface"), INTERFACE_NAME.match)]
     for what, value, valid in checks:
         if value is not None and not valid(value):
-            raise ClusterError(f"hostfile {path} line {number}: {what} {value!r} is not a valid "
+            raise TransportError(f"hostfile {path} line {number}: {what} {value!r} is not a valid "
                                f"{'host name or address' if valid is valid_host else what}")
 
 
-class SshCluster:
+class SshCluster(Transport):
     """The hostfile's nodes, reached over ssh; see the module docstring."""
 
     kind = "hostfile"
+    argument = "FILE"
+    summary = "real nodes over ssh, one 'host slots=N' line per node"
 
-    def __init__(self, nodes: list[Node], resolve: bool = True):
-        self.nodes = nodes
-        self.max_nodes = len(nodes)
-        self.addresses = {node.name: node.address or (_resolve(node.name) if resolve else node.name)
-                          for node in nodes}
+    def __init__(self, path: str):
+        self.path = path
+        self.nodes: list[Node] = []
+        self.addresses: dict[str, str] = {}
         self.started: dict[str, list[tuple[Node, Path]]] = {}
 
     @classmethod
-    def from_hostfile(cls, path: str, campaign=None, dry_run: bool = False) -> "SshCluster":
-        return cls(read_hostfile(path), resolve=not dry_run)
+    def from_argument(cls, argument: str) -> "SshCluster":
+        return cls(argument)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.path}"
+
+    def validate(self, campaign) -> None:
+        """The hostfile read now (a malformed one is bad input) and long enough for --nodes."""
+        super().validate(campaign)
+        listed = read_hostfile(self.path)
+        if max(campaign.nodes) > len(listed):
+            raise TransportError(f"--nodes {max(campaign.nodes)} but {self.path} lists "
+                                 f"{len(listed)} node(s)")
+
+    def open(self, campaign=None, dry_run: bool = False) -> "SshCluster":
+        """The hostfile's nodes with the addresses they resolve to (named only on a dry run)."""
+        self.nodes = read_hostfile(self.path)
+        self.addresses = {node.name: node.address or (node.name if dry_run else _resolve(node.name))
+                          for node in self.nodes}
+        return self
 
     def hosts(self, run) -> list[Host]:
         if run.nodes > len(self.nodes):
-            raise ClusterError(f"run needs {run.nodes} nodes, the hostfile lists {len(self.nodes)}")
+            raise TransportError(f"run needs {run.nodes} nodes, the hostfile lists {len(self.nodes)}")
         return [Host(address=self.addresses[node.name], name=node.name, interface=node.interface,
                      slots=node.slots) for node in self.nodes[:run.nodes]]
 
@@ -193,20 +213,20 @@ class SshCluster:
         return [wrap]
 
     def prepare(self, run) -> dict:
-        return {"cluster": "hostfile", "hosts": [n.name for n in self.nodes[:run.nodes]]}
+        return {"cluster": self.kind, "hosts": [n.name for n in self.nodes[:run.nodes]]}
 
     def finish(self, run) -> None:
         """Kill what the run left on each node: the process group each command led."""
-        for node, pidfile in self.started.pop(run.run_id, []):
+        self._kill_started(run.run_id)
+
+    def _kill_started(self, run_id: str) -> None:
+        for node, pidfile in self.started.pop(run_id, []):
             try:
                 pid = int(pidfile.read_text().strip())
             except (OSError, ValueError):
                 continue
             subprocess.run([*node.ssh(), f"kill -9 -{pid} 2>/dev/null; true"],
                            capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-
-    def traffic(self) -> list[int]:
-        return []
 
     def describe(self) -> list[str]:
         return [f"hostfile: {len(self.nodes)} nodes over ssh"] + [
@@ -215,13 +235,7 @@ class SshCluster:
 
     def close(self) -> None:
         for run_id in list(self.started):
-            self.finish(type("Run", (), {"run_id": run_id})())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+            self._kill_started(run_id)
 
 
 def forward_to_mpi_ranks(argv: list[str], sent: dict[str, str], node: Node) -> list[str]:
@@ -240,4 +254,4 @@ def _resolve(name: str) -> str:
     try:
         return socket.gethostbyname(name)
     except OSError:
-        raise ClusterError(f"cannot resolve node {name!r} of the hostfile") from None
+        raise TransportError(f"cannot resolve node {name!r} of the hostfile") from None
