@@ -10,12 +10,15 @@ file and the key.
 
 Sections: ``[device]`` one worker's compute (peak FLOP/s x efficiency, memory and
 host-to-device bandwidth, or ``profile`` = a campaign folder whose one-worker run gives the
-compute), ``[nodes]`` count and workers per node, ``[intra_node]`` the link between the
-workers of a node, ``[inter_node]`` the NIC all workers of a node share, optional
-``[transport.<name>]`` a transport's software cost (grpc, ps-lite, nccl, mpi, gloo),
-``[parameter_servers]``, ``[contention]`` (none unless given: a described cluster's
-communication runs beside its compute) and ``[workload]`` (model and per-worker batch,
-which the command line may give instead).
+compute; peaks per precision, the step jitter), ``[nodes]`` count, workers per node and the
+host link they share, ``[intra_node]`` the link between the workers of a node,
+``[inter_node]`` the NIC all workers of a node share, optional ``[transport.<name>]`` a
+transport's software cost (grpc, ps-lite, nccl, mpi, gloo: per message, per byte, per
+control hop, whether it pipelines), ``[parameter_servers]`` (count, placement: on the
+devices, machines of their own or the host CPU), ``[contention]`` (none unless given: a
+described cluster's communication runs beside its compute) and ``[workload]`` (model,
+per-worker batch, precision, gradient precision, synthetic data; the command line may give
+the first two instead).
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ from analysis import perfmodel as pm
 from analysis.units import UnitError, parse_bandwidth, parse_flops, parse_latency, parse_per_byte
 
 TRANSPORTS: tuple[str, ...] = ("grpc", "ps-lite", "nccl", "mpi", "gloo")
+# a run's arithmetic ([workload] precision): the peak it runs at is device.peak_flops (fp32)
+# or device.peak_flops_<precision>
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+# bytes per gradient value a run all-reduces ([workload] gradient_precision)
+GRADIENT_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+DATA_KINDS: tuple[str, ...] = ("host", "synthetic")
 # gamma: summing two float32 buffers reads two bytes and writes one per byte of result
 BYTES_MOVED_PER_BYTE_SUMMED = 3
 
@@ -73,9 +82,23 @@ def _unit(parse: Callable[[str], float]) -> Callable[[object, str], float]:
     return read
 
 
-def _placement(value, where: str) -> str:
-    if value not in pm.PLACEMENTS:
-        raise ClusterError(f"{where} must be one of {', '.join(pm.PLACEMENTS)}, got {value!r}")
+def _choice(choices: tuple[str, ...]) -> Callable[[object, str], str]:
+    def read(value, where: str) -> str:
+        if value not in choices:
+            raise ClusterError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    return read
+
+
+def _jitter(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ClusterError(f"{where} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _flag(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ClusterError(f"{where} must be true or false, got {value!r}")
     return value
 
 
@@ -84,7 +107,13 @@ SCHEMA: dict[str, dict[str, tuple[Callable, bool, str]]] = {
     "device": {
         "name": (_text, True, "the worker's device, for the output"),
         "peak_flops": (_unit(parse_flops), False, "peak float32 rate, e.g. \"11.8 TFLOP/s\" (needed without profile)"),
-        "efficiency": (_fraction, False, "sustained share of peak on conv nets, 0..1 (needed without profile)"),
+        "peak_flops_tf32": (_unit(parse_flops), False, "peak rate at workload.precision = \"tf32\" (tensor cores)"),
+        "peak_flops_fp16": (_unit(parse_flops), False, "peak rate at workload.precision = \"fp16\" (tensor cores)"),
+        "peak_flops_bf16": (_unit(parse_flops), False, "peak rate at workload.precision = \"bf16\" (tensor cores)"),
+        "efficiency": (_fraction, False, "sustained share of the precision's peak on conv nets, 0..1 (needed "
+                                         "without profile)"),
+        "jitter": (_jitter, False, "coefficient of variation of one worker's step time, in [0, 1): the slowest of "
+                                   "p workers sets each step (default: a device.profile run's spread, else 0)"),
         "memory_bandwidth": (_unit(parse_bandwidth), False,
                              "device memory bandwidth: the update (20 bytes per parameter) and the "
                              "reduction cost gamma = 3 / memory_bandwidth (needed without profile)"),
@@ -95,6 +124,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable, bool, str]]] = {
     "nodes": {
         "count": (_count, True, "nodes"),
         "workers_per_node": (_count, True, "workers (devices) per node"),
+        "host_bandwidth": (_unit(parse_bandwidth), False, "the host link all workers of a node share (the CPU's "
+                                                          "PCIe lanes behind the switches; default: no sharing)"),
     },
     "intra_node": {
         "bandwidth": (_unit(parse_bandwidth), True, "one worker's link to the others of its node (PCIe, NVLink, "
@@ -109,13 +140,18 @@ SCHEMA: dict[str, dict[str, tuple[Callable, bool, str]]] = {
         "alpha": (_unit(parse_latency), False, "software cost per message (default 0us)"),
         "beta": (_unit(parse_per_byte), False, "software cost per byte, e.g. \"0.1ns/B\" (default 0)"),
         "efficiency": (_fraction, False, "share of a link's bandwidth the transport reaches (default 1)"),
+        "coordination": (_unit(parse_latency), False, "software cost per hop of the control exchange before each "
+                                                      "message, ceil(log2 p) hops (default 0us)"),
+        "pipelined": (_flag, False, "true: messages queued back to back pay the link latency once (asynchronous "
+                                    "sends; default false)"),
     },
     "parameter_servers": {
         "count": (_count, False, "servers (default: one per node)"),
-        "placement": (_placement, False, "colocated (dealt round robin over the worker nodes, the default) "
-                                         "or dedicated (machines of their own, same NIC)"),
+        "placement": (_choice(pm.PLACEMENTS), False, "colocated (on the worker nodes' devices, dealt round robin, "
+                                                     "the default), dedicated (machines of their own, same NIC) or "
+                                                     "host (on the worker nodes' CPUs, over the host link)"),
         "memory_bandwidth": (_unit(parse_bandwidth), False, "the servers' memory bandwidth for their sums "
-                                                            "(default: the device's)"),
+                                                            "(default: the device's; needed with placement host)"),
     },
     "contention": {
         "kappa": (_share, False, "share of its pace backward loses beside a transfer (default 0)"),
@@ -124,6 +160,13 @@ SCHEMA: dict[str, dict[str, tuple[Callable, bool, str]]] = {
     "workload": {
         "model": (_text, False, "network (models/), unless --model gives it"),
         "batch_per_worker": (_count, False, "per-worker batch, unless --batch-size gives it"),
+        "precision": (_choice(PRECISIONS), False, "the run's arithmetic: fp32 (default), tf32, fp16 or bf16, at "
+                                                  "device.peak_flops or device.peak_flops_<precision>"),
+        "gradient_precision": (_choice(tuple(GRADIENT_BYTES)), False, "the gradients' values as all-reduced: fp32 "
+                                                                      "(default; mixed precision keeps them), fp16, "
+                                                                      "bf16"),
+        "data": (_choice(DATA_KINDS), False, "host (batches copied from the host, the default) or synthetic "
+                                             "(generated on the device: no copy)"),
     },
 }
 REQUIRED_SECTIONS = ("device", "nodes", "intra_node", "inter_node")
@@ -152,10 +195,20 @@ class Device:
     memory_bandwidth: float | None = None
     host_to_device: float | None = None
     profile: Path | None = None
+    peak_flops_tf32: float | None = None
+    peak_flops_fp16: float | None = None
+    peak_flops_bf16: float | None = None
+    jitter: float | None = None
+    precision: str = "fp32"  # the workload's, whose peak `peak` is
+
+    @property
+    def peak(self) -> float | None:
+        """The peak rate at the run's precision (fp32: peak_flops)."""
+        return self.peak_flops if self.precision == "fp32" else getattr(self, f"peak_flops_{self.precision}")
 
     @property
     def sustained_flops(self) -> float:
-        return self.peak_flops * self.efficiency
+        return self.peak * self.efficiency
 
     @property
     def gamma(self) -> float:
@@ -165,11 +218,14 @@ class Device:
 
 @dataclass(frozen=True)
 class Transport:
-    """A transport's software: alpha_s per message, beta_s per byte, share of link bandwidth."""
+    """A transport's software: alpha_s per message, beta_s per byte, share of link bandwidth,
+    the cost per hop of its control exchange, whether it pipelines queued messages."""
 
     alpha: float = 0.0
     beta: float = 0.0
     efficiency: float = 1.0
+    coordination: float = 0.0
+    pipelined: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +245,20 @@ class ClusterSpec:
     contention: tuple[float, float] = (0.0, 0.0)
     model: str | None = None
     batch_per_worker: int | None = None
+    host_bandwidth: float | None = None
+    gradient_precision: str = "fp32"
+    data: str = "host"
+
+    @property
+    def gradient_bytes(self) -> int:
+        return GRADIENT_BYTES[self.gradient_precision]
+
+    def node_effects(self, jitter: float | None = None) -> pm.NodeEffects:
+        """The node effects of this cluster (`perfmodel.NodeEffects`): the device's jitter
+        (`jitter` where the file gives none, e.g. a profile's measured spread) and the
+        workers' batch copies over the node's shared host link."""
+        chosen = self.device.jitter if self.device.jitter is not None else (jitter or 0.0)
+        return pm.NodeEffects(chosen, self.device.host_to_device, self.host_bandwidth)
 
     def transport(self, name: str | None) -> Transport:
         """The file's software cost of transport `name` (none given: no extra cost)."""
@@ -203,10 +273,17 @@ class ClusterSpec:
                         if self.server_memory_bandwidth else None)
         return pm.Fabric(intra=self.intra.cost, inter=inter.cost,
                          software=pm.LinkCost(alpha=software.alpha, beta=software.beta),
-                         efficiency=software.efficiency, gamma=self.device.gamma, server_gamma=server_gamma)
+                         efficiency=software.efficiency, gamma=self.device.gamma, server_gamma=server_gamma,
+                         device_link=_per_byte(self.device.host_to_device), host_link=_per_byte(self.host_bandwidth),
+                         coordination=software.coordination, pipelined=software.pipelined)
 
     def with_device(self, **changes) -> "ClusterSpec":
         return replace(self, device=replace(self.device, **changes))
+
+
+def _per_byte(bandwidth: float | None) -> pm.LinkCost:
+    """A link of `bandwidth` bytes/s without latency; none given: a link that costs nothing."""
+    return pm.LinkCost(beta=1.0 / bandwidth) if bandwidth else pm.LinkCost()
 
 
 def _read_section(data: dict, section: str, where: str) -> dict:
@@ -249,19 +326,28 @@ def parse_cluster(data: dict, source: Path) -> ClusterSpec:
     where = str(source)
     sections = _sections(data, where)
     device = sections["device"]
+    workload = sections.get("workload", {})
+    device["precision"] = workload.get("precision", "fp32")
     profile = device.get("profile")
     if profile is None:
         missing = [key for key in ("peak_flops", "efficiency", "memory_bandwidth", "host_to_device") if key not in device]
         if missing:
             raise ClusterError(f"{where}: missing device.{missing[0]} (or give device.profile)")
+        if device["precision"] != "fp32" and f"peak_flops_{device['precision']}" not in device:
+            raise ClusterError(f"{where}: workload.precision = {device['precision']!r} needs "
+                               f"device.peak_flops_{device['precision']} (the device's peak at that precision)")
     else:
         device["profile"] = (source.parent / profile).resolve()
     servers = sections.get("parameter_servers", {})
+    if servers.get("placement") == "host" and "memory_bandwidth" not in servers:
+        raise ClusterError(f"{where}: parameter_servers.placement = 'host' needs parameter_servers.memory_bandwidth "
+                           "(the host's memory bandwidth for the sums)")
     contention = sections.get("contention", {})
-    workload = sections.get("workload", {})
     return ClusterSpec(
         source=source, device=Device(**device), nodes=sections["nodes"]["count"],
         workers_per_node=sections["nodes"]["workers_per_node"],
+        host_bandwidth=sections["nodes"].get("host_bandwidth"),
+        gradient_precision=workload.get("gradient_precision", "fp32"), data=workload.get("data", "host"),
         intra=Link(**sections["intra_node"]), inter=Link(**sections["inter_node"]),
         transports={name: Transport(**values) for name, values in sections["transport"].items()},
         servers=servers.get("count"), placement=servers.get("placement", "colocated"),
@@ -293,4 +379,7 @@ def efficiency_for_throughput(images_per_s: float, batch: int, flops: tuple[floa
     efficiency = batch * sum(flops) / (compute * peak_flops)
     if not math.isfinite(efficiency) or efficiency <= 0:
         raise ValueError(f"cannot derive an efficiency from {images_per_s} images/s")
+    if efficiency > 1:
+        raise ValueError(f"{images_per_s} images/s needs {efficiency:.2f} x the device's peak: the network's FLOPs "
+                         "or the precision are not what the run used")
     return efficiency

@@ -125,6 +125,25 @@ topology its framework uses::
   intra-node links this is the flat parameter-server formula above; the NIC term is named
   'parameter server' when the servers' side (fan-in) is the busier one.
 
+  Servers on the host CPU ('host'): every slice leaves its worker over the worker's own link
+  to the host (n at b_d), the node's shared host link carries L_h = W s_j / S (b_h), the NIC
+  as for colocated servers; the busiest of the three bounds each direction and the s_j
+  servers of a node sum in one host memory: max_j s_j (P-1)/S n gamma_server.
+
+  Per message the transport adds a control exchange (`Fabric.control`): ceil(log2 p) hops of
+  its `coordination` plus the slowest hop's latency (Horovod's coordinator, a collective's
+  launch).  A pipelining transport (`Fabric.pipelined`: asynchronous sends) keeps several
+  messages in flight, so a message queued behind the previous one skips its link latency
+  (`CommCost.queued`, `queued_cost`): a queue of back-to-back messages pays the start-up once.
+
+Node effects (`NodeEffects`, `predict_on`), what p workers cost besides the gradients::
+
+    slowest worker   t_f, t_b (and ready times) x (1 + c e_p),  e_p = E[max of p N(0,1)]
+                     (`expected_max_standard_normal`), c the per-step coefficient of
+                     variation of one worker (`step_jitter` from a run's repeats)
+    host link        t_h2d x max(1, G host_to_device / host_bandwidth): G workers copy over
+                     one shared host link
+
   A described cluster has no CPU contention (kappa = kappa_c = 0) unless its file says so.
   `CommCost` keeps each term apart (link latency, per-message software cost, intra-node
   link, NIC, parameter server, reduction) so that `bottleneck` can name what an iteration
@@ -138,6 +157,8 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from statistics import NormalDist
 from typing import Callable, Iterable, Sequence
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "halving_doubling", "ps", "p2p")
@@ -146,7 +167,9 @@ MERGES: tuple[str | None, ...] = (None, "greedy", "cycle")
 # How a scheme spans a cluster's hierarchy (`topology_cost`): its algorithm over all ranks,
 # the two-level all-reduce, or a reduce inside each node before the algorithm across nodes.
 TOPOLOGIES: tuple[str, ...] = ("flat", "two_level", "local_reduce")
-PLACEMENTS: tuple[str, ...] = ("colocated", "dedicated")
+# Where parameter servers run (`ps_on`): on the worker nodes' devices, on machines of their own,
+# or on the CPU of the worker nodes (reached over the host link, summing in host memory).
+PLACEMENTS: tuple[str, ...] = ("colocated", "dedicated", "host")
 
 
 # --------------------------------------------------------------------------- costs
@@ -313,12 +336,18 @@ class CommCost:
     that `predict` and the merges take, which keeps the terms apart for `bottleneck`."""
 
     terms: tuple[CostTerm, ...] = ()
+    # seconds of `latency` a message queued behind the previous one does not pay: a
+    # pipelining transport keeps several messages in flight, so their link latencies overlap
+    # (`schedule`); 0 for a transport that runs one message after another
+    queued: float = 0.0
     latency: float = field(init=False)
     per_byte: float = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "latency", sum(t.latency for t in self.terms))
         object.__setattr__(self, "per_byte", sum(t.per_byte for t in self.terms))
+        if not 0.0 <= self.queued <= self.latency + 1e-15:
+            raise ValueError(f"a queued message cannot save more than its latency, got {self.queued!r}")
 
     def __call__(self, n: float) -> float:
         return 0.0 if n <= 0 else self.latency + n * self.per_byte
@@ -467,13 +496,15 @@ class Message:
 
 @dataclass(frozen=True)
 class Transfer:
-    """A scheduled message: its size, when it was ready, started and ended."""
+    """A scheduled message: its size, when it was ready, started and ended, and the link
+    latency it did not pay because it was queued behind the previous one (`schedule`)."""
 
     nbytes: int
     ready: float
     start: float
     end: float
     members: tuple[str, ...]
+    hidden: float = 0.0
 
 
 def _message(grads: Sequence[Grad]) -> Message:
@@ -712,7 +743,16 @@ class Fabric:
     (alpha_e, beta_e) the node's NIC, `software` the transport's alpha_s, beta_s, the share
     `efficiency` of a link's bandwidth the transport reaches, `gamma` seconds per byte a
     worker sums and `server_gamma` a parameter server (default gamma).  Only the alpha and
-    beta of the LinkCosts are used."""
+    beta of the LinkCosts are used.
+
+    `device_link` is one worker's own link to its host (PCIe), `host_link` the host link all
+    workers of a node share (the CPU's lanes behind the PCIe switches; LinkCost(): unlimited):
+    parameter servers placed on the host are reached over them.  `coordination` is the
+    transport's software cost per hop of the control exchange that agrees, before each
+    message, what the ranks send (Horovod's coordinator, a collective's launch across the
+    ranks): a tree of ceil(log2 p) hops.  `pipelined`: the transport keeps several messages in
+    flight (asynchronous sends), so a message queued behind another does not pay the link
+    latency again."""
 
     intra: LinkCost = LinkCost()
     inter: LinkCost = LinkCost()
@@ -720,11 +760,15 @@ class Fabric:
     efficiency: float = 1.0
     gamma: float = 0.0
     server_gamma: float | None = None
+    device_link: LinkCost = LinkCost()
+    host_link: LinkCost = LinkCost()
+    coordination: float = 0.0
+    pipelined: bool = False
 
     def __post_init__(self):
         if not 0.0 < self.efficiency <= 1.0:
             raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
-        for name in ("gamma", "server_gamma"):
+        for name in ("gamma", "server_gamma", "coordination"):
             value = getattr(self, name)
             if value is not None and (math.isnan(value) or value < 0):
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
@@ -739,6 +783,20 @@ class Fabric:
 
     def b_inter(self) -> float:
         return self.inter.beta / self.efficiency
+
+    def control(self, p: int, hop_latency: float) -> tuple[str, float, float]:
+        """The coordination term of one message among p ranks: ceil(log2 p) control hops,
+        each the transport's `coordination` plus the slowest hop's link latency; nothing when
+        the transport coordinates for free (coordination 0) or p = 1."""
+        if self.coordination <= 0 or p <= 1:
+            return ("coordination", 0.0, 0.0)
+        return ("coordination", _log2_ceil(p) * (self.coordination + hop_latency), 0.0)
+
+    def priced(self, cost: CommCost) -> CommCost:
+        """`cost` with the link latency a queued message skips on a pipelining transport."""
+        if not self.pipelined:
+            return cost
+        return replace(cost, queued=sum(t.latency for t in cost.terms if t.what == "link latency"))
 
 
 def ring_on(topology: Topology, fabric: Fabric) -> CommCost:
@@ -761,9 +819,10 @@ def _flat_on(algorithm: str, topology: Topology, fabric: Fabric) -> CommCost:
            ([("intra-node link", fabric.intra.alpha, fabric.b_intra())] if per_node > 1 else [])
     link, _, pace = max(hops, key=lambda hop: hop[2])  # the NIC on a tie
     latency = max(hop[1] for hop in hops)
-    return _terms(("link latency", k_a * latency, 0.0), ("per-message software cost", k_a * fabric.software.alpha, 0.0),
-                  (link, 0.0, k_b * pace), ("transport per-byte cost", 0.0, k_b * fabric.software.beta),
-                  ("reduction", 0.0, k_g * fabric.gamma))
+    return fabric.priced(_terms(
+        ("link latency", k_a * latency, 0.0), ("per-message software cost", k_a * fabric.software.alpha, 0.0),
+        fabric.control(p, latency), (link, 0.0, k_b * pace),
+        ("transport per-byte cost", 0.0, k_b * fabric.software.beta), ("reduction", 0.0, k_g * fabric.gamma)))
 
 
 def two_level_on(topology: Topology, fabric: Fabric) -> CommCost:
@@ -774,13 +833,15 @@ def two_level_on(topology: Topology, fabric: Fabric) -> CommCost:
     nodes, per_node = topology.nodes, topology.workers_per_node
     inside, across = (per_node - 1) / per_node, (nodes - 1) / nodes
     alpha_s, beta_s = fabric.software.alpha, fabric.software.beta
-    return _terms(
+    hop = fabric.inter.alpha if nodes > 1 else fabric.intra.alpha
+    return fabric.priced(_terms(
         ("link latency", 2 * (per_node - 1) * fabric.intra.alpha + 2 * (nodes - 1) * fabric.inter.alpha, 0.0),
         ("per-message software cost", 2 * (per_node - 1 + nodes - 1) * alpha_s, 0.0),
+        fabric.control(topology.world_size, hop),
         ("intra-node link", 0.0, 2 * inside * fabric.b_intra()),
         ("NIC", 0.0, 2 * across * fabric.b_inter()),
         ("transport per-byte cost", 0.0, 2 * inside * beta_s + 2 * across * beta_s / per_node),
-        ("reduction", 0.0, (inside + across / per_node) * fabric.gamma))
+        ("reduction", 0.0, (inside + across / per_node) * fabric.gamma)))
 
 
 def _servers_on(node: int, nodes: int, servers: int) -> int:
@@ -792,7 +853,9 @@ def server_loads(nodes: int, pushing: int, servers: int, placement: str = "coloc
     """(L_i, L_e, fan_in): the bytes, in units of one worker's gradient n, that the busiest
     intra-node link and the busiest NIC carry in one direction of a push (or pull) of
     `pushing` workers per node to `servers` servers, and whether the NIC's load is the
-    servers' side (module docstring, "Parameter servers")."""
+    servers' side (module docstring, "Parameter servers").  With servers on the host
+    ('host') L_i is what the node's shared host link carries: its workers' slices for the
+    node's own servers, W s_j / S."""
     if servers < 1:
         raise ValueError(f"a parameter-server scheme needs servers >= 1, got {servers!r}")
     if placement not in PLACEMENTS:
@@ -800,14 +863,18 @@ def server_loads(nodes: int, pushing: int, servers: int, placement: str = "coloc
     total = nodes * pushing
     if placement == "dedicated":
         return 1.0, max(float(pushing), total / servers), total / servers > pushing
-    fan_out = fan_in = 0.0
+    fan_out = fan_in = host = 0.0
     hosts_server = False
     for node in range(nodes):
         local = _servers_on(node, nodes, servers)
         hosts_server = hosts_server or local > 0
         fan_out = max(fan_out, pushing * (servers - local) / servers if nodes > 1 else 0.0)
         fan_in = max(fan_in, local * (total - pushing) / servers)
-    intra = max(1.0, pushing / servers) if hosts_server else 1.0
+        host = max(host, pushing * local / servers)
+    if placement == "host":
+        intra = host
+    else:
+        intra = max(1.0, pushing / servers) if hosts_server else 1.0
     return intra, max(fan_out, fan_in), fan_in > fan_out
 
 
@@ -815,26 +882,40 @@ def ps_on(topology: Topology, fabric: Fabric, servers: int, placement: str = "co
           pushing: int | None = None) -> CommCost:
     """Push then pull of each pushing worker's whole gradient, n/S to each of S servers
     (module docstring's ps row): 2 (a + alpha_s) + 2 n (max(L_i b_i, L_e b_e) + beta_s)
-    + (P-1)/S n gamma_server, P = N x `pushing` (default: every worker)."""
+    + (P-1)/S n gamma_server, P = N x `pushing` (default: every worker).
+
+    Servers on the host CPU ('host'): every slice leaves its worker over the worker's own
+    link to the host (n at b_d), the node's shared host link carries L_h = W s_j / S of
+    them to the node's own servers (b_h), the NIC the slices bound elsewhere as for
+    colocated servers; each direction is bound by the busiest of the three, and the s_j
+    servers of a node sum in the same host memory: max_j s_j (P-1)/S n gamma_server."""
     nodes = topology.nodes
     pushing = topology.workers_per_node if pushing is None else pushing
     intra_load, nic_load, fan_in = server_loads(nodes, pushing, servers, placement)
     across = nodes > 1 or placement == "dedicated"
-    latency = fabric.inter.alpha if across else fabric.intra.alpha
-    intra = intra_load * fabric.b_intra()
+    latency = fabric.inter.alpha if across else (fabric.host_link.alpha if placement == "host" else fabric.intra.alpha)
     nic = nic_load * fabric.b_inter() if across else 0.0
-    link = "intra-node link" if intra >= nic else ("parameter server" if fan_in else "NIC")
     gamma = fabric.gamma if fabric.server_gamma is None else fabric.server_gamma
-    return _terms(("link latency", 2 * latency, 0.0), ("per-message software cost", 2 * fabric.software.alpha, 0.0),
-                  (link, 0.0, 2 * max(intra, nic)), ("transport per-byte cost", 0.0, 2 * fabric.software.beta),
-                  ("parameter server", 0.0, (nodes * pushing - 1) / servers * gamma))
+    sums = (nodes * pushing - 1) / servers * gamma
+    if placement == "host":
+        own, shared = fabric.device_link.beta, intra_load * fabric.host_link.beta
+        inside, name = max(own, shared), "host link"
+        sums *= max(_servers_on(node, nodes, servers) for node in range(nodes))
+    else:
+        inside, name = intra_load * fabric.b_intra(), "intra-node link"
+    link = name if inside >= nic else ("parameter server" if fan_in else "NIC")
+    return fabric.priced(_terms(
+        ("link latency", 2 * latency, 0.0), ("per-message software cost", 2 * fabric.software.alpha, 0.0),
+        fabric.control(nodes * pushing, latency), (link, 0.0, 2 * max(inside, nic)),
+        ("transport per-byte cost", 0.0, 2 * fabric.software.beta), ("parameter server", 0.0, sums)))
 
 
 def local_reduce_on(topology: Topology, fabric: Fabric) -> CommCost:
     """The node's part of a local reduce and broadcast (MXNet's device kvstore before a
     dist push): the reduce-scatter and all-gather terms of `two_level_on` inside one node,
     without the transport's software cost (one process copies between its own devices)."""
-    return two_level_on(Topology(1, topology.workers_per_node), replace(fabric, software=LinkCost()))
+    return two_level_on(Topology(1, topology.workers_per_node),
+                        replace(fabric, software=LinkCost(), coordination=0.0, pipelined=False))
 
 
 def topology_cost(scheme: "Scheme", topology: Topology, fabric: Fabric, servers: int | None = None,
@@ -853,38 +934,62 @@ def topology_cost(scheme: "Scheme", topology: Topology, fabric: Fabric, servers:
             across = ps_on(topology, fabric, servers, placement, pushing=1)
         else:
             across = _flat_on(scheme.algorithm, Topology(topology.nodes, 1), fabric)
-        return CommCost(inside.terms + across.terms)
+        return CommCost(inside.terms + across.terms, queued=across.queued)
     if scheme.algorithm == "ps":
         return ps_on(topology, fabric, servers, placement)
     if scheme.algorithm == "p2p":
-        return _terms(("link latency", fabric.inter.alpha, 0.0), ("per-message software cost", fabric.software.alpha, 0.0),
-                      ("NIC", 0.0, fabric.b_inter()), ("transport per-byte cost", 0.0, fabric.software.beta))
+        return fabric.priced(_terms(
+            ("link latency", fabric.inter.alpha, 0.0), ("per-message software cost", fabric.software.alpha, 0.0),
+            ("NIC", 0.0, fabric.b_inter()), ("transport per-byte cost", 0.0, fabric.software.beta)))
     return _flat_on(scheme.algorithm, topology, fabric)
 
 
 def bottleneck(prediction: "Prediction", comm_time: Callable[[float], float], compute_share: float = 0.9) -> str:
-    """What the predicted iteration waits for: ``compute`` when the exposed communication is
-    at most 1 - `compute_share` of the iteration, else the term of `comm_time` (a
-    `CommCost`) that the scheme's transfers spend most time on ("communication" when the
-    cost keeps no terms)."""
-    if prediction.comm_exposed <= (1.0 - compute_share) * prediction.iter_time:
+    """What the predicted iteration waits for: ``compute`` when what it loses against one
+    worker -- the exposed communication and the node effects of `NodeEffects`
+    (`Prediction.losses`: ``slowest worker``, ``host link``) -- is at most
+    1 - `compute_share` of the iteration; else the node effect that costs more than the
+    exposed communication, or the term of `comm_time` (a `CommCost`) that the scheme's
+    transfers spend most time on ("communication" when the cost keeps no terms)."""
+    losses = prediction.losses
+    if prediction.comm_exposed + sum(losses.values()) <= (1.0 - compute_share) * prediction.iter_time:
         return "compute"
+    if losses and max(losses.values()) > prediction.comm_exposed:
+        return max(losses, key=losses.get)
     totals: dict[str, float] = {}
     breakdown = getattr(comm_time, "breakdown", None)
     for transfer in prediction.transfers:
         for what, seconds in (breakdown(transfer.nbytes) if breakdown else {}).items():
             totals[what] = totals.get(what, 0.0) + seconds
+        if transfer.hidden and "link latency" in totals:
+            totals["link latency"] -= transfer.hidden
     return max(totals, key=totals.get) if totals else "communication"
+
+
+def queued_cost(comm_time: Callable[[float], float], nbytes: float, queued: bool) -> tuple[float, float]:
+    """(seconds, hidden): a message's cost, less the link latency a pipelining transport
+    overlaps with the messages in flight when this one was queued behind the previous one
+    (`CommCost.queued`: NCCL and MPI chunk and pipeline their sends; the start-up is paid
+    once per queue of back-to-back messages, not once per message)."""
+    cost = comm_time(nbytes)
+    hidden = min(cost, getattr(comm_time, "queued", 0.0)) if queued and nbytes > 0 else 0.0
+    return cost - hidden, hidden
 
 
 def schedule(messages: Sequence[Message], comm_time: Callable[[float], float], overlap: bool,
              t_b: float) -> list[Transfer]:
-    """Transfers of the messages in send order: WFBP (`wfbp_schedule`) with overlap, else
-    every message ready when backward ends (t_b) and sent one after another."""
-    ready = [m.ready if overlap else t_b for m in messages]
-    times = wfbp_schedule(ready, [comm_time(m.nbytes) for m in messages])
-    return [Transfer(m.nbytes, m.ready if overlap else t_b, s, e, m.members)
-            for m, (s, e) in zip(messages, times)]
+    """Transfers of the messages in send order: WFBP (`wfbp_schedule`'s recurrence) with
+    overlap, else every message ready when backward ends (t_b) and sent one after another.
+    A message ready before the previous one ended is queued: on a pipelining transport it
+    skips the link latency (`queued_cost`)."""
+    transfers, end = [], 0.0
+    for i, m in enumerate(messages):
+        ready = m.ready if overlap else t_b
+        cost, hidden = queued_cost(comm_time, m.nbytes, i > 0 and ready < end)
+        start = max(ready, end)
+        end = start + cost
+        transfers.append(Transfer(m.nbytes, ready, start, end, m.members, hidden))
+    return transfers
 
 
 @dataclass(frozen=True)
@@ -917,6 +1022,8 @@ class Prediction:
     comm_total: float  # sum of transfer times in the scheme's normal (overlapped) run
     comm_exposed: float  # part of it not hidden behind backward
     transfers: tuple[Transfer, ...] = field(default_factory=tuple)
+    # seconds the node effects add to the iteration (`NodeEffects.shape`), by bottleneck name
+    losses: dict = field(default_factory=dict)
 
     @property
     def hidden_fraction(self) -> float | None:
@@ -953,12 +1060,13 @@ def contended_schedule(grads: Sequence[Grad], scheme: Scheme, comm_time: Callabl
         return schedule(messages, comm_time, scheme.overlap, t_b), t_b
     progress = _Progress(t_b, 1.0 - contention, 1.0 - transfer_contention)
     transfers, end = [], 0.0
-    for message in messages:
+    for i, message in enumerate(messages):
         # ready after backward (a merge's later cycle): as long after backward's end
         ready = progress.wall_time(min(message.ready, t_b)) + max(0.0, message.ready - t_b)
+        cost, hidden = queued_cost(comm_time, message.nbytes, i > 0 and ready < end)
         start = max(ready, end)
-        end = progress.transfer(start, comm_time(message.nbytes))
-        transfers.append(Transfer(message.nbytes, ready, start, end, message.members))
+        end = progress.transfer(start, cost)
+        transfers.append(Transfer(message.nbytes, ready, start, end, message.members, hidden))
     return transfers, progress.wall_time(t_b)
 
 
@@ -1034,6 +1142,103 @@ def single_worker_prediction(profile: Profile) -> Prediction:
               "h2d": profile.h2d, "forward": profile.forward, "backward": profile.backward,
               "comm": 0.0, "update": profile.update}
     return Prediction(t, phases, profile.backward, 0.0, 0.0, ())
+
+
+# --------------------------------------------------------------------------- node effects
+
+@lru_cache(maxsize=None)
+def expected_max_standard_normal(p: int) -> float:
+    """e_p = E[max of p independent standard normal variables], the expected largest of p
+    order statistics (David and Nagaraja, *Order Statistics*, 3rd ed., Wiley 2003, eq. 4.2.5
+    with the normal parent; Tippett's 1925 table: e_2 = 0.5642, e_4 = 1.0294, e_8 = 1.4236,
+    e_16 = 1.7660, e_32 = 2.0697)::
+
+        e_p = integral of x p phi(x) Phi(x)^(p-1) dx
+
+    by Simpson's rule on [-9, 9] (the integrand is below 1e-17 outside); e_1 = 0."""
+    _check_p(p)
+    if p == 1:
+        return 0.0
+    normal = NormalDist()
+    steps, low, high = 3600, -9.0, 9.0
+    width = (high - low) / steps
+    total = 0.0
+    for i in range(steps + 1):
+        x = low + i * width
+        weight = 1 if i in (0, steps) else (4 if i % 2 else 2)
+        total += weight * x * p * normal.pdf(x) * normal.cdf(x) ** (p - 1)
+    return total * width / 3
+
+
+def straggler_factor(p: int, jitter: float) -> float:
+    """How much longer the slowest of p workers computes than one worker on average: a
+    synchronous step waits for every rank, and with step times t (1 + c Z), Z standard
+    normal and independent across ranks and steps (c = `jitter`, the coefficient of
+    variation of one worker's step), E[max] = t (1 + c e_p) (`expected_max_standard_normal`).
+    1 for p = 1 or no jitter."""
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
+    return 1.0 + jitter * expected_max_standard_normal(p)
+
+
+def step_jitter(std_of_means: float, mean: float, steps: int) -> float:
+    """One worker's per-step coefficient of variation from the spread of repeated timings:
+    a repeat's mean over `steps` independent steps varies as sigma / sqrt(steps), so
+    c = (std of the repeats' means / their mean) x sqrt(steps)."""
+    if mean <= 0 or steps < 1 or std_of_means < 0:
+        raise ValueError("a step jitter needs a positive mean, steps >= 1 and a spread >= 0")
+    return std_of_means / mean * math.sqrt(steps)
+
+
+@dataclass(frozen=True)
+class NodeEffects:
+    """What p workers on nodes of G cost that one worker alone does not, besides moving
+    gradients:
+
+    - ``slowest worker``: every synchronous step waits for the slowest rank's compute,
+      forward and backward stretched by `straggler_factor` (p, `jitter`);
+    - ``host link``: the G workers of a node copy their batches over one shared host link
+      (`host_bandwidth`, bytes/s; the CPU's PCIe lanes behind the switches), each over its
+      own link of `host_to_device` bytes/s: the copy takes max(1, G host_to_device /
+      host_bandwidth) times as long as one worker's alone.
+
+    None of the parameters given: no effect (the model before these terms)."""
+
+    jitter: float = 0.0
+    host_to_device: float | None = None
+    host_bandwidth: float | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}")
+
+    def host_share(self, workers_per_node: int) -> float:
+        if not self.host_to_device or not self.host_bandwidth:
+            return 1.0
+        return max(1.0, workers_per_node * self.host_to_device / self.host_bandwidth)
+
+    def shape(self, profile: Profile, topology: Topology) -> tuple[Profile, dict[str, float]]:
+        """The profile every rank of `topology` effectively runs, and the seconds each
+        effect adds to it (by bottleneck name, effects that add nothing left out)."""
+        stretch = straggler_factor(topology.world_size, self.jitter)
+        share = self.host_share(topology.workers_per_node)
+        if stretch == 1.0 and share == 1.0:
+            return profile, {}
+        shaped = replace(profile, h2d=profile.h2d * share, forward=profile.forward * stretch,
+                         backward=profile.backward * stretch,
+                         grads=tuple(replace(g, ready=g.ready * stretch) for g in profile.grads))
+        losses = {"slowest worker": (stretch - 1.0) * (profile.forward + profile.backward),
+                  "host link": (share - 1.0) * profile.h2d}
+        return shaped, {what: seconds for what, seconds in losses.items() if seconds > 0}
+
+
+def predict_on(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float], topology: Topology,
+               effects: NodeEffects = NodeEffects(), contention: float = 0.0,
+               transfer_contention: float = 0.0) -> Prediction:
+    """`predict` of every rank of `topology` with the node effects of `effects`
+    (`NodeEffects.shape`), the seconds they add kept in `Prediction.losses`."""
+    shaped, losses = effects.shape(profile, topology)
+    return replace(predict(shaped, scheme, comm_time, contention, transfer_contention), losses=losses)
 
 
 # --------------------------------------------------------------------------- per-layer inputs

@@ -436,11 +436,23 @@ def _with_scheme_from_campaign(record: dict, records: list[dict]) -> dict:
     return record
 
 
+def measured_jitter(record: dict) -> float | None:
+    """A one-worker run's per-step jitter from the spread of its repeats
+    (`perfmodel.step_jitter`: iter_time_std over the repeats' medians, of `iterations`
+    steps each); None where the record lacks them or gives no valid jitter."""
+    std, mean, steps = record.get("iter_time_std"), record.get("iter_time_median"), record.get("iterations")
+    try:
+        jitter = pm.step_jitter(float(std), float(mean), int(steps))
+    except (TypeError, ValueError):
+        return None
+    return jitter if 0 <= jitter < 1 else None
+
+
 def cluster_profile(spec: ClusterSpec, model: str, batch: int | None,
-                    reference: str | None) -> tuple[pm.Profile, str, int]:
+                    reference: str | None) -> tuple[pm.Profile, str, int, float | None]:
     """One worker's compute on the described device: from the campaign its device.profile
     names (the one-worker run of `model`, at `batch` when given), else from FLOPs; with the
-    source and the batch it is for."""
+    source, the batch it is for and the run's measured step jitter (None from FLOPs)."""
     if spec.device.profile is not None:
         try:
             with ResultStore.for_campaign(spec.device.profile, create=False) as store:
@@ -448,15 +460,17 @@ def cluster_profile(spec: ClusterSpec, model: str, batch: int | None,
         except StoreError as exc:
             raise PredictError(f"{spec.source}: device.profile: {exc}") from None
         record, profile = _reference(_stored_profiles(records, model, batch), reference)
-        return profile, f"profile {_source(record)}", int(record.get("batch_per_worker") or 0) or batch
+        return (profile, f"profile {_source(record)}", int(record.get("batch_per_worker") or 0) or batch,
+                measured_jitter(record))
     if batch is None:
         raise PredictError(f"give --batch-size (per worker) or [workload] batch_per_worker in {spec.source}")
     device = spec.device
     try:
-        profile = flops_profile(model, batch, device.sustained_flops, device.host_to_device, device.memory_bandwidth)
+        profile = flops_profile(model, batch, device.sustained_flops, device.host_to_device, device.memory_bandwidth,
+                                spec.gradient_bytes, spec.data == "synthetic")
     except UnknownModel as exc:
         raise PredictError(str(exc)) from None
-    return profile, f"{device.name} FLOPs b{batch}", batch
+    return profile, f"{device.name} {device.precision} FLOPs b{batch}", batch, None
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -523,8 +537,8 @@ def run(args) -> tuple[list[dict], dict[str, Path]]:
         if not model:
             raise PredictError(f"give --model or [workload] model in {args.cluster_file}")
         names = whatif.scheme_names(items(args.frameworks or "study", "--frameworks"))
-        profile, source, batch = cluster_profile(spec, model, batch or spec.batch_per_worker, args.profile)
-        chosen = whatif.cluster_candidates(spec, names, profile, source, batch, args.algorithm, servers)
+        profile, source, batch, jitter = cluster_profile(spec, model, batch or spec.batch_per_worker, args.profile)
+        chosen = whatif.cluster_candidates(spec, names, profile, source, batch, args.algorithm, servers, jitter)
         nodes = _counts(args.nodes, [spec.nodes], "--nodes")
         per_node = _counts(args.workers, [spec.workers_per_node], "--workers")
         folder, title = Path("results") / "whatif", f"Predicted efficiency on {spec.device.name} nodes, {model}"

@@ -143,6 +143,7 @@ class Candidate:
     default_link: tuple[float, float]
     shares: tuple[float, float] = (0.0, 0.0)
     batch: int | None = None
+    effects: pm.NodeEffects = pm.NodeEffects()
 
 
 def flat_link_cost(cost: pm.LinkCost | None, algorithm: str, servers: int, what: str) -> Cost:
@@ -171,8 +172,11 @@ def cluster_cost(spec: ClusterSpec, scheme: pm.Scheme, transport: str | None,
 
 
 def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile, source: str, batch: int | None,
-                       algorithm: str = "ring", servers: int | None = None) -> list[Candidate]:
-    """The study and catalogue schemes `names` on the described cluster, all on `profile`."""
+                       algorithm: str = "ring", servers: int | None = None,
+                       jitter: float | None = None) -> list[Candidate]:
+    """The study and catalogue schemes `names` on the described cluster, all on `profile`,
+    with the cluster's node effects (`ClusterSpec.node_effects`; `jitter`: the profile's
+    measured spread where the file gives none)."""
     out = []
     link = (spec.inter.bandwidth, spec.inter.latency)
     for name in names:
@@ -183,7 +187,8 @@ def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile,
             study = STUDY_SCHEMES.get(name) or gpu_scheme(priced_scheme(name))
             scheme, label, transport = study.scheme, study.label, study.transport
         out.append(Candidate(name, label, scheme, profile, source,
-                             cluster_cost(spec, scheme, transport, servers), link, spec.contention, batch))
+                             cluster_cost(spec, scheme, transport, servers), link, spec.contention, batch,
+                             spec.node_effects(jitter)))
     return out
 
 
@@ -222,7 +227,7 @@ def _row(cand: Candidate, topology: pm.Topology, bandwidth, latency, t_one: floa
     p = topology.world_size
     if p > 1:
         comm = cand.cost(topology, bandwidth, latency)
-        prediction = pm.predict(cand.profile, cand.scheme, comm, *cand.shares)
+        prediction = pm.predict_on(cand.profile, cand.scheme, comm, topology, cand.effects, *cand.shares)
     else:
         comm, prediction = pm.CommCost(), pm.single_worker_prediction(cand.profile)
     speedup = pm.speedup(t_one, prediction.iter_time, p)
@@ -265,7 +270,8 @@ def markdown(rows: list[dict]) -> str:
 
 BOTTLENECK_MARKERS = {"compute": "o", "NIC": "s", "intra-node link": "^", "link latency": "v",
                       "per-message software cost": "D", "per-message cost": "D", "parameter server": "P",
-                      "reduction": "X", "link": "s", "transport per-byte cost": "d"}
+                      "reduction": "X", "link": "s", "transport per-byte cost": "d", "coordination": "*",
+                      "slowest worker": "<", "host link": ">"}
 
 
 def efficiency_figure(rows: list[dict], path: Path, title: str) -> Path | None:

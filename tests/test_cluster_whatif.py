@@ -85,6 +85,15 @@ def test_example_file_reads_with_its_units():
     (("alpha = \"5us\"", "alpha = \"5us\"\nspeed = 3"), "unknown key transport.speed"),
     (("host_to_device = \"10 GB/s\"\n", ""), "missing device.host_to_device (or give device.profile)"),
     (("[device]", "[device"), "not valid TOML"),
+    (("efficiency = 0.5", "efficiency = 0.5\njitter = 1.0"), "device.jitter must be a number in [0, 1)"),
+    (("batch_per_worker = 16", "batch_per_worker = 16\nprecision = \"fp16\""),
+     "workload.precision = 'fp16' needs device.peak_flops_fp16"),
+    (("batch_per_worker = 16", "batch_per_worker = 16\nprecision = \"fp64\""), "workload.precision must be one of"),
+    (("[workload]", "[parameter_servers]\nplacement = \"rack\"\n[workload]"),
+     "parameter_servers.placement must be one of colocated, dedicated, host"),
+    (("[workload]", "[parameter_servers]\nplacement = \"host\"\n[workload]"),
+     "placement = 'host' needs parameter_servers.memory_bandwidth"),
+    (("alpha = \"5us\"", "alpha = \"5us\"\npipelined = 1"), "transport.pipelined must be true or false"),
 ])
 def test_malformed_files_are_one_line_errors(tmp_path, change, needle):
     path = write(tmp_path, SMALL.replace(*change, 1))
@@ -108,6 +117,38 @@ def test_cli_bad_cluster_input_exits_2_with_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:  # neither --from nor --cluster-file: argparse's usage error
         predict.main(["--no-files"])
     assert exited.value.code == 2 and "--from" in capsys.readouterr().err
+
+
+def test_cli_names_the_bad_key_of_the_new_terms(tmp_path):
+    """A precision the device has no peak for, a jitter outside [0, 1), an unknown placement:
+    one line naming the key and exit code 2, through the command a user runs."""
+    for change, needle in (
+            (("batch_per_worker = 16", "batch_per_worker = 16\nprecision = \"bf16\""), "device.peak_flops_bf16"),
+            (("efficiency = 0.5", "efficiency = 0.5\njitter = -0.1"), "device.jitter"),
+            (("[workload]", "[parameter_servers]\nplacement = \"cloud\"\n[workload]"),
+             "parameter_servers.placement")):
+        path = write(tmp_path, SMALL.replace(*change, 1), f"bad{len(needle)}.toml")
+        result = run_cli("launchers.cli", "predict", "--cluster-file", str(path), "--json", timeout=120)
+        assert result.returncode == 2, (result.returncode, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("dlcompare: error:") and needle in lines[0], result.stderr
+
+
+def test_the_new_keys_read_with_their_units(tmp_path):
+    text = SMALL.replace("efficiency = 0.5", "efficiency = 0.5\njitter = 0.02\npeak_flops_fp16 = \"40 TFLOP/s\"") \
+        .replace("workers_per_node = 1", "workers_per_node = 1\nhost_bandwidth = \"20 GB/s\"") \
+        .replace("alpha = \"5us\"", "alpha = \"5us\"\ncoordination = \"3us\"\npipelined = true") \
+        .replace("batch_per_worker = 16", "batch_per_worker = 16\nprecision = \"fp16\"\n"
+                                          "gradient_precision = \"fp16\"\ndata = \"synthetic\"") \
+        + "[parameter_servers]\nplacement = \"host\"\nmemory_bandwidth = \"60 GB/s\"\n"
+    spec = cluster.load_cluster(write(tmp_path, text))
+    assert spec.device.peak == pytest.approx(40e12) and spec.device.sustained_flops == pytest.approx(20e12)
+    assert (spec.gradient_bytes, spec.data, spec.placement) == (2, "synthetic", "host")
+    assert spec.node_effects() == pm.NodeEffects(0.02, 10e9, 20e9)
+    fabric = spec.fabric("nccl")
+    assert fabric.coordination == pytest.approx(3e-6) and fabric.pipelined
+    assert fabric.host_link.beta == pytest.approx(1 / 20e9) and fabric.device_link.beta == pytest.approx(1 / 10e9)
+    assert fabric.server_gamma == pytest.approx(3 / 60e9)
 
 
 # --------------------------------------------------------------------------- compute and rows
@@ -157,6 +198,26 @@ def test_cluster_rows_by_hand(tmp_path, capsys):
     assert (rows[1]["bandwidth"], rows[1]["latency"]) == ("8Gbit", "10us")
 
 
+def test_node_effects_in_the_rows_by_hand(tmp_path, capsys):
+    """CNTK-style on 1 node x 4 workers, jitter 0.05, the 4 workers' 10 GB/s copies over one
+    20 GB/s host link: compute x (1 + 0.05 e_4), the copy x 2, then the whole gradient's ring
+    over the intra-node link: 6 (1 us + 5 us) + 1.5 n x 0.1 ns/B + 0.75 n x 3 / 100 GB/s."""
+    text = SMALL.replace("efficiency = 0.5", "efficiency = 0.5\njitter = 0.05") \
+        .replace("workers_per_node = 1", "workers_per_node = 4\nhost_bandwidth = \"20 GB/s\"")
+    rows = rows_of(["--cluster-file", str(write(tmp_path, text)), "--frameworks", "cntk-style", "--nodes", "1",
+                    "--workers", "1,4"], capsys)
+    prof = flops_profile(MODEL, 16, 5e12, 10e9, 100e9)
+    t_one = pm.single_worker_prediction(prof).iter_time
+    stretch = 1 + 0.05 * pm.expected_max_standard_normal(4)
+    n = 4 * get_model(MODEL).total_params
+    t_c = 6 * 6e-6 + 1.5 * n * 0.1e-9 + 0.75 * n * 3 / 100e9
+    expected = 2 * prof.h2d + (prof.forward + prof.backward) * stretch + t_c + prof.update
+    assert rows[0]["iter_time_s"] == pytest.approx(t_one)
+    assert rows[1]["iter_time_s"] == pytest.approx(expected)
+    assert rows[1]["efficiency"] == pytest.approx(t_one / expected)
+    assert rows[1]["bottleneck"] == "host link"  # alexnet-tiny's copy outweighs its compute
+
+
 def test_every_study_scheme_on_the_example_and_its_sweeps(capsys, tmp_path):
     rows = rows_of(["--cluster-file", str(EXAMPLE), "--nodes", "1,2,4", "--bandwidth", "10Gbit,56Gbit",
                     "--workers", "2,4"], capsys)
@@ -165,8 +226,7 @@ def test_every_study_scheme_on_the_example_and_its_sweeps(capsys, tmp_path):
     for row in rows:
         assert 0 < row["efficiency"] <= 1 + 1e-9
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["world_size"])
-        assert row["bottleneck"] in {"compute", "NIC", "intra-node link", "link latency", "per-message software cost",
-                                     "parameter server", "reduction", "transport per-byte cost"}
+        assert row["bottleneck"] in whatif.BOTTLENECK_MARKERS
     for scheme in whatif.STUDY_SCHEMES:  # a faster NIC is never worse ...
         # ... except by a hair for Horovod's cycles: a slower link fuses more per cycle (fewer
         # messages), which on 2 nodes can hide 0.1 % more (0.9963 at 10 Gbit/s, 0.9951 at 56)
@@ -187,6 +247,22 @@ def test_profile_from_a_stored_campaign(tmp_path, capsys):
                                          f'[device]\nname = "this VM"\nprofile = "{campaign.name}"'), "p.toml")
     rows = rows_of(["--cluster-file", str(path), "--frameworks", "torch", "--nodes", "1"], capsys)
     assert rows[0]["profile"] == "profile PyTorch DDP b16" and rows[0]["t1_s"] == pytest.approx(0.063)
+
+
+def test_profile_jitter_comes_from_the_runs_repeats(tmp_path, capsys):
+    """The one-worker run's repeats spread 4 % over 20 steps each: 0.04 x sqrt(20) per step;
+    a file's own device.jitter replaces it."""
+    assert predict.measured_jitter({"iter_time_std": 0.004, "iter_time_median": 0.1, "iterations": 20}) == \
+        pytest.approx(0.04 * math.sqrt(20))
+    assert predict.measured_jitter({"iter_time_std": None, "iter_time_median": 0.1, "iterations": 20}) is None
+    campaign = whatif_campaign(tmp_path)
+    measured, stated = (write(tmp_path, SMALL.replace('[device]\nname = "Test GPU"',
+                                                     f'[device]\nname = "this VM"\nprofile = "{campaign.name}"{extra}'),
+                              f"p{i}.toml") for i, extra in enumerate(("", "\njitter = 0.0")))
+    argv = ["--frameworks", "torch", "--nodes", "2"]
+    with_jitter, without = (rows_of(["--cluster-file", str(path), *argv], capsys)[0] for path in (measured, stated))
+    stretch = 1 + 0.04 * math.sqrt(20) * pm.expected_max_standard_normal(2)
+    assert with_jitter["iter_time_s"] > without["iter_time_s"] * (1 + 0.5 * (stretch - 1))
 
 
 def test_cluster_cli_runs_as_a_user_runs_it():
@@ -281,17 +357,63 @@ def test_every_key_is_documented():
 
 # --------------------------------------------------------------------------- published
 
+# the CI's bounds on the published validation (python -m bench.published_validation holds the
+# targets: median <= 3 points, every point within 10).  The median is the issue's 5; no honest
+# model of these files holds every point within 15 (docs/prediction.md, "Checked against
+# published results": 8 points beyond 10, the worst Lambda's FP16 at 4 GPUs, +34), so the
+# largest error is held where it is, to catch a regression, not to claim the target.
+CI_MEDIAN_POINTS = 5.0
+CI_MAX_POINTS = 35.0
+
+
 def test_published_cases_are_data_with_their_citations():
     """Every case names a source with its citation and a cluster of spec-sheet values; the
     model predicts each point (validation/published.toml; the comparison:
     python -m bench.published_validation)."""
     sources, cases = published.load_cases()
-    assert len(sources) >= 2 and all({"title", "authors", "year", "where", "read"} <= set(s) for s in sources.values())
+    assert len(sources) >= 5 and all({"title", "authors", "year", "where", "read"} <= set(s) for s in sources.values())
     assert {case.source for case in cases} == set(sources)
     rows = published.validation_rows()
-    assert len(rows) == sum(len(case.nodes) for case in cases)
+    assert len(rows) >= 50 and len(rows) == sum(len(case.topologies) for case in cases)
     for row in rows:
         assert 0 < row["published"] <= 1 and 0 < row["predicted"] <= 1 and 0 < row["flat"] <= 1
         assert 0 < row["device_efficiency"] < 1
-    # the hierarchy, NIC sharing and software costs bring the model closer than one flat link
-    assert published.median_abs_points(rows, "error_points") < published.median_abs_points(rows, "flat_error_points")
+    # what the file must exercise: fused all-reduces at 16+ GPUs, parameter servers (on the
+    # host CPU too), 10 Gbit/s Ethernet, reduced precision
+    assert any(r["scheme"].startswith(("horovod", "torch:ddp")) and _gpus(r) >= 16 for r in rows)
+    assert {case.cluster.placement for case in cases if case.scheme == "tf:ps"} >= {"host", "colocated"}
+    assert any(case.cluster.inter.bandwidth <= 1.25e9 and case.cluster.nodes > 1 for case in cases)
+    assert {r["precision"] for r in rows} >= {"fp32", "tf32", "fp16"}
+    # the model's terms bring it closer than the model without them, and than one flat link
+    model = published.median_abs_points(rows, "error_points")
+    assert model < published.median_abs_points(rows, "without_error_points") < \
+        published.median_abs_points(rows, "flat_error_points")
+    assert model <= CI_MEDIAN_POINTS and published.max_abs_points(rows, "error_points") <= CI_MAX_POINTS
+    summary = published.summary(rows)
+    assert summary[-1]["source"] == "all sources" and summary[-1]["points"] == len(rows)
+
+
+def _gpus(row: dict) -> int:
+    nodes, per_node = row["topology"].split("x")
+    return int(nodes) * int(per_node)
+
+
+def test_every_published_case_beyond_ten_points_is_named_in_the_docs():
+    """A point the model misses by more than 10 is listed with its reason in docs/prediction.md."""
+    text = (REPO / "docs" / "prediction.md").read_text(encoding="utf-8")
+    for row in published.validation_rows():
+        if abs(row["error_points"]) > 10:
+            assert f"{row['error_points']:+.1f}" in text, row
+
+
+def test_bad_published_files_are_one_line_errors(tmp_path):
+    good = (REPO / "validation" / "published.toml").read_text(encoding="utf-8")
+    for change, needle in (
+            (('one_worker = { images_per_s = 219,', 'one_worker = { images_per_s = 2190,'), "x the device's peak"),
+            (('scheme = "tf:collective"', 'scheme = "tf:zero"'), "unknown mode 'zero'"),
+            (('workload = { precision = "tf32" }', 'workload = { precision = "fp8" }'), "workload.precision"),
+            ((', from = "alpha: an assumption', ', origin = "alpha: an assumption'), "needs 'from'")):
+        path = write(tmp_path, good.replace(*change, 1), "bad.toml")
+        with pytest.raises(published.PublishedError) as error:
+            published.load_cases(path)
+        assert len(str(error.value).splitlines()) == 1 and needle in str(error.value), str(error.value)

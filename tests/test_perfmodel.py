@@ -461,7 +461,7 @@ def test_perfmodel_is_standard_library_only():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= {"__future__", "bisect", "math", "dataclasses", "typing"}, imported
+    assert imported <= {"__future__", "bisect", "math", "dataclasses", "functools", "statistics", "typing"}, imported
 
 
 # --------------------------------------------------------------------------- hierarchy
@@ -561,3 +561,117 @@ def test_bottleneck_names_what_the_iteration_waits_for():
     assert pm.bottleneck(pm.predict(prof, scheme, slow), slow) == "NIC"
     chatty = pm.ring_on(pm.Topology(2, 2), pm.Fabric(inter=pm.LinkCost(0.5, 0.0), intra=pm.LinkCost(0.5, 0.0)))
     assert pm.bottleneck(pm.predict(prof, scheme, chatty), chatty) == "link latency"
+
+
+# --------------------------------------------------------------------------- node effects, coordination, pipelining
+
+def test_expected_maximum_of_normals_matches_tippetts_table():
+    """e_p = E[max of p standard normals]: e_2 = 1/sqrt(pi) exactly; Tippett (1925) for 4..32."""
+    assert pm.expected_max_standard_normal(1) == 0.0
+    assert pm.expected_max_standard_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    for p, table in ((4, 1.0294), (8, 1.4236), (16, 1.7660), (32, 2.0697)):
+        assert pm.expected_max_standard_normal(p) == pytest.approx(table, abs=1e-4), p
+
+
+def test_straggler_factor_and_step_jitter_by_hand():
+    # 8 ranks whose steps vary by 2 %: the slowest takes 1 + 0.02 x 1.4236 as long
+    assert pm.straggler_factor(8, 0.02) == pytest.approx(1 + 0.02 * 1.42360, rel=1e-5)
+    assert pm.straggler_factor(1, 0.5) == 1.0 and pm.straggler_factor(64, 0.0) == 1.0
+    for bad in (-0.1, 1.0, 1.5):
+        with pytest.raises(ValueError):
+            pm.straggler_factor(8, bad)
+    # six repeats of 100 steps, 362.41 +- 0.24 images/s: 0.24 / 362.41 x sqrt(100) per step
+    assert pm.step_jitter(0.24, 362.41, 100) == pytest.approx(0.24 / 362.41 * 10)
+    with pytest.raises(ValueError):
+        pm.step_jitter(0.1, 0.0, 10)
+
+
+def node_profile() -> pm.Profile:
+    grads = (pm.Grad("fc.w", "fc", 1_000_000, 0.1), pm.Grad("conv.w", "conv", 1_000_000, 0.2))
+    return pm.Profile(0.0, 0.01, 0.1, 0.2, 0.01, grads, prefetch=True)
+
+
+def test_node_effects_stretch_compute_and_share_the_host_link():
+    """2 x 4 ranks, jitter 0.2: forward, backward and ready times x (1 + 0.2 e_8); four
+    workers of 10 GB/s each on a 20 GB/s host link: the copy takes 4 x 10 / 20 = 2 x as long."""
+    effects = pm.NodeEffects(jitter=0.2, host_to_device=10e9, host_bandwidth=20e9)
+    stretch = 1 + 0.2 * pm.expected_max_standard_normal(8)
+    shaped, losses = effects.shape(node_profile(), pm.Topology(2, 4))
+    assert shaped.forward == pytest.approx(0.1 * stretch) and shaped.backward == pytest.approx(0.2 * stretch)
+    assert [g.ready for g in shaped.grads] == pytest.approx([0.1 * stretch, 0.2 * stretch])
+    assert shaped.h2d == pytest.approx(0.02)
+    assert losses == pytest.approx({"slowest worker": 0.3 * (stretch - 1), "host link": 0.01})
+    # one worker, or a host link wide enough: nothing changes
+    assert effects.shape(node_profile(), pm.Topology(1, 1)) == (node_profile(), {})
+    assert pm.NodeEffects(0.0, 10e9, 80e9).shape(node_profile(), pm.Topology(1, 8))[1] == {}
+    # no communication at all: t = h2d' + (f + b) stretch + u, named by its largest loss
+    prediction = pm.predict_on(node_profile(), pm.Scheme(), pm.CommCost(), pm.Topology(2, 4), effects)
+    assert prediction.iter_time == pytest.approx(0.02 + 0.3 * stretch + 0.01)
+    assert pm.bottleneck(prediction, pm.CommCost()) == "slowest worker"
+    mild = pm.predict_on(node_profile(), pm.Scheme(), pm.CommCost(), pm.Topology(2, 4), pm.NodeEffects(0.01))
+    assert pm.bottleneck(mild, pm.CommCost()) == "compute"  # 1.4 % of the iteration: within the 10 %
+
+
+def test_pipelined_transport_pays_the_link_latency_once_per_queue():
+    """2 nodes x 1 worker, NIC 50 us and 1 ns/B: T(n) = 2 x 50 us + n x 1 ns/B.  Two 1 MB
+    tensors after backward: the second waits behind the first and, pipelined, skips its
+    100 us of link latency; ready after the first ended, it pays them again."""
+    fabric = pm.Fabric(inter=pm.LinkCost(50 * US, 1e-9), pipelined=True)
+    cost = pm.topology_cost(pm.Scheme(granularity="tensor"), pm.Topology(2, 1), fabric)
+    assert cost(N) == approx(100 * US + 1 * MS) and cost.queued == approx(100 * US)
+    after = pm.Scheme(granularity="tensor")
+    transfers = pm.predict(node_profile(), after, cost).transfers
+    assert [t.end - t.start for t in transfers] == pytest.approx([1.1 * MS, 1.0 * MS])
+    assert [t.hidden for t in transfers] == pytest.approx([0.0, 100 * US])
+    plain = pm.topology_cost(after, pm.Topology(2, 1), replace_fabric(fabric, pipelined=False))
+    assert plain.queued == 0.0
+    assert [t.end - t.start for t in pm.predict(node_profile(), after, plain).transfers] == pytest.approx([1.1 * MS] * 2)
+    # during backward the tensors are ready 100 ms apart: nothing is queued, both pay it
+    during = pm.Scheme(overlap=True, granularity="tensor")
+    assert [t.hidden for t in pm.predict(node_profile(), during, cost).transfers] == [0.0, 0.0]
+
+
+def replace_fabric(fabric: pm.Fabric, **changes) -> pm.Fabric:
+    return dataclasses.replace(fabric, **changes)
+
+
+def test_coordination_is_a_tree_of_control_hops_per_message():
+    """coordination 10 us per hop: 2 x 1 ranks over the NIC (50 us): 1 hop of 60 us; 1 x 8
+    over the intra-node link (5 us): ceil(log2 8) = 3 hops of 15 us."""
+    fabric = pm.Fabric(intra=pm.LinkCost(5 * US, 1e-9), inter=pm.LinkCost(50 * US, 1e-9), coordination=10 * US)
+    across = pm.ring_on(pm.Topology(2, 1), fabric)
+    assert across.breakdown(N)["coordination"] == approx(60 * US)
+    inside = pm.ring_on(pm.Topology(1, 8), fabric)
+    assert inside.breakdown(N)["coordination"] == approx(45 * US)
+    assert "coordination" not in pm.ring_on(pm.Topology(1, 8), replace_fabric(fabric, coordination=0.0)).breakdown(N)
+    # the node's own reduce in MXNet's device kvstore is one process: no control exchange
+    assert "coordination" not in pm.local_reduce_on(pm.Topology(2, 4), fabric).breakdown(N)
+
+
+def test_parameter_servers_on_the_host_cpu_by_hand():
+    """One node of 8 workers, one server on its CPU: each worker's slices leave over its own
+    10 GB/s link, all 8 n cross the node's 40 GB/s host link: 8 / 40 GB/s = 0.2 ns/B each
+    way; the CPU sums 7 n at 3 / 60 GB/s."""
+    fabric = pm.Fabric(device_link=pm.LinkCost(beta=1 / 10e9), host_link=pm.LinkCost(beta=1 / 40e9),
+                       server_gamma=3 / 60e9, inter=pm.LinkCost(50 * US, 1 / 1.25e9))
+    cost = pm.ps_on(pm.Topology(1, 8), fabric, 1, "host")
+    assert cost.breakdown(N) == pytest.approx({"host link": 2 * 8 * N / 40e9, "parameter server": 7 * N * 3 / 60e9})
+    # a 100 GB/s host link: each worker's own 10 GB/s link bounds it
+    wide = pm.ps_on(pm.Topology(1, 8), replace_fabric(fabric, host_link=pm.LinkCost(beta=1 / 100e9)), 1, "host")
+    assert wide.breakdown(N)["host link"] == pytest.approx(2 * N / 10e9)
+    # 2 nodes x 8, a server on each CPU: the host link carries 8 x 1/2, the NIC 8 x 1/2 out and
+    # 1 x 8/2 in; at 1.25 GB/s the NIC is the busier; both servers sum 15/2 n, each in its own host
+    two = pm.ps_on(pm.Topology(2, 8), fabric, 2, "host")
+    assert pm.server_loads(2, 8, 2, "host") == (4.0, 4.0, False)
+    assert two.breakdown(N) == pytest.approx({"link latency": 100 * US, "NIC": 2 * 4 * N / 1.25e9,
+                                             "parameter server": 7.5 * N * 3 / 60e9})
+    # two servers on one CPU share its memory: twice the sums of one
+    one_host = pm.ps_on(pm.Topology(1, 8), fabric, 2, "host")
+    assert one_host.breakdown(N)["parameter server"] == pytest.approx(2 * 7 / 2 * N * 3 / 60e9)
+    with pytest.raises(ValueError):
+        pm.server_loads(2, 8, 2, "rack")
+
+
+def test_a_queued_saving_cannot_exceed_the_latency():
+    with pytest.raises(ValueError):
+        pm.CommCost((pm.CostTerm("link latency", 1e-6),), queued=2e-6)
