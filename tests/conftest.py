@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,27 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 900,
     command, full_env = cli_command(*args, env=env, cwd=cwd)
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def copy_of_the_repository(to: Path) -> Path:
+    """The files of this checkout git knows (tracked, and new ones it does not ignore)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60)
+    for name in filter(None, listed.stdout.split("\0")):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, to / name)
+    return to
+
+
+def assert_described_as_the_catalogue(described: dict, scheme) -> None:
+    """A run's (or a calibration's) `comm_scheme` names the catalogue's collective and its
+    stack; a framework with its own layer over the stack qualifies it (Horovod's fits are
+    keyed ``horovod-gloo``, so a PyTorch gloo fit never stands in for Horovod's own)."""
+    assert described["algorithm"] == scheme.model["algorithm"], (scheme.name, described)
+    transport = described["transport"]
+    assert transport in (scheme.transport, f"{scheme.framework}-{scheme.transport}"), (scheme.name, described)
 
 
 def worker_processes(marker: str) -> list:
@@ -99,16 +121,19 @@ def check_run(tmp: Path, python: str, framework: str, model: str, *, mode: str |
                        rank_dir=str(out), check={"steps": steps, "out_dir": str(out)})
     outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=timeout,
                         extra_env=extra_env)
+    if outcome.status == "unavailable":  # the machine lacks what the scheme needs (a GPU)
+        pytest.skip(f"{framework}:{mode} cannot run here: {outcome.error}")
     assert outcome.status == "ok", outcome.error
     return out
 
 
 def assert_a_few_steps_reduce_the_loss(tmp: Path, python: str, framework: str,
+                                       mode: str | None = None, servers: int = 0,
                                        extra_env: dict | None = None, timeout: float = 300) -> None:
     """Eight SGD steps on resnet50-tiny's first batch (16 images) cut its loss by 10 % or more:
     the framework trains, not only runs."""
-    out = check_run(tmp, python, framework, "resnet50-tiny", batch=16, steps=8, timeout=timeout,
-                    extra_env=extra_env)
+    out = check_run(tmp, python, framework, "resnet50-tiny", mode=mode, batch=16, steps=8,
+                    servers=servers, timeout=timeout, extra_env=extra_env)
     losses = json.loads((out / "loss_rank0.json").read_text())
     print(losses)
     assert losses["after"] < 0.9 * losses["before"]
@@ -182,7 +207,7 @@ def overlap_run(out: Path, python: str, framework: str, mode: str | None = None,
 
 def calibration_run(out: Path, python: str, framework: str, mode: str,
                     sizes: tuple[int, ...] = (4096, 4 * 2 ** 20), repeats: int = 3,
-                    servers: int = 0) -> dict[int, list[float]]:
+                    servers: int = 0, extra_env: dict | None = None) -> dict[int, list[float]]:
     """A real 2-rank calibration through the framework's own communication stack, as
     `launchers.calibrate` starts it (small sizes as up to the adapter's MAX_CALIBRATION_ITERS
     back-to-back messages, 1 MiB per sample); returns seconds per message for each size and
@@ -198,7 +223,8 @@ def calibration_run(out: Path, python: str, framework: str, mode: str,
                        batch_per_worker=2, workers_per_node=2, servers=servers, rank_dir=str(out),
                        record_path=str(out / "calibration.json"),
                        calibrate={"sizes": list(sizes), "repeats": repeats})
-    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=300)
+    outcome = run_local(config, python, out, info.rendezvous, REPO_ROOT, timeout=300,
+                        extra_env=extra_env)
     assert outcome.status == "ok", outcome.error
     result = json.loads((out / "calibration.json").read_text())
     times = {n: result["collective"][str(n)] for n in sizes}

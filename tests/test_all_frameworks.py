@@ -1,9 +1,10 @@
 """Every framework of the registry in one campaign, as the study compared them: one report.
 
 The end-to-end promise: `compare --frameworks torch,tf,mxnet,cntk,cntk-style,
-caffe-mpi-style,horovod,jax --model googlenet-tiny --workers 1,2` gives one report with every
-framework that can run here side by side, and a clear line for any that cannot (real CNTK
-needs a Python 3.6 interpreter, which a machine may lack).
+caffe-mpi-style,horovod,jax --model googlenet-tiny --workers 1,2` (every registered framework)
+gives one report with every framework that can run here side by side, every 2-worker record
+measuring every phase and describing its scheme as the catalogue does, and a clear line for
+any that cannot (real CNTK needs a Python 3.6 interpreter, which a machine may lack).
 """
 
 from __future__ import annotations
@@ -11,17 +12,24 @@ from __future__ import annotations
 import pytest
 
 from adapters.registry import FRAMEWORKS
-from tests.conftest import run_cli, worker_processes
+from core import schemes as catalogue
+from tests.conftest import assert_described_as_the_catalogue, run_cli, worker_processes
 
 MODEL = "googlenet-tiny"
-ALL = ("torch", "tf", "mxnet", "cntk", "cntk-style", "caffe-mpi-style", "horovod", "jax")
+ALL = tuple(FRAMEWORKS)  # a framework joins the campaign by being registered
 FAST = ["--iterations", "2", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1",
         "--batch-size", "4"]
+PHASES = {"io", "h2d", "forward", "backward", "comm", "update"}
 
 
-def test_the_campaign_below_names_every_registered_framework():
-    """A framework added to the registry must join the all-frameworks campaign."""
-    assert set(ALL) == set(FRAMEWORKS)
+def assert_measures_its_phases_and_describes_its_scheme(record: dict) -> None:
+    """A 2-worker record: every phase of the iteration measured, and the scheme it ran
+    described as the catalogue describes the framework's default mode."""
+    name = record["framework"]
+    phases = {p["phase"]: p["measured_s"] for p in record["phases"]}
+    assert set(phases) >= PHASES, f"{name}: phases {sorted(phases)}"
+    assert phases["forward"] > 0 and phases["backward"] > 0, f"{name}: {phases}"
+    assert_described_as_the_catalogue(record["extra"]["comm_scheme"], catalogue.scheme(name, record["mode"]))
 
 
 @pytest.mark.slow
@@ -45,6 +53,8 @@ def test_every_framework_in_one_campaign_gives_one_report(tmp_path):
         if name not in unavailable:
             assert record["status"] == "ok", f"{name} x{n}: {record['error']}"
             assert record["throughput"] > 0
+            if n == 2:
+                assert_measures_its_phases_and_describes_its_scheme(record)
         print(f"{name:16s} x{n} {record['status']:7s} "
               f"{(record['iter_time_median'] or 0) * 1e3:8.1f} ms  overlap "
               f"{record.get('overlap')}")

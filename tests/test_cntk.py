@@ -2,10 +2,10 @@
 
 Against PyTorch from the same canonical weights and batch: the loss, every gradient and the
 weights after several momentum-SGD steps (so the momentum convention is exercised, not only
-one plain step) agree within float32 tolerance; a few steps reduce the loss; two MPI ranks with
-CNTK's data-parallel learner hold identical weights equal to one process on the global batch.
-These need Python 3.6 (CNTK's wheels exist for 3.5/3.6 only) and skip, saying so, where the
-machine has none. Where CNTK cannot run, the worker and the campaign say so in one line.
+one plain step) agree within float32 tolerance.  These need Python 3.6 (CNTK's wheels exist for
+3.5/3.6 only) and skip, saying so, where the machine has none.  Where CNTK cannot run, the
+worker and the campaign say so in one line.  Learning, and two MPI ranks with CNTK's
+data-parallel learner equal to one process, are in tests/test_conformance.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from adapters.registry import framework_info
 from core.envs import REPO_ROOT, EnvUnavailable, ensure_environment
 from launchers.local import run_local
 from models import canonical_weights, get_model
-from tests.conftest import assert_a_few_steps_reduce_the_loss, assert_ranks_equal_one_process, load, run_cli
+from tests.conftest import load, run_cli
 from tests.conftest import check_run as run_check
 
 BACKEND = REPO_ROOT / "adapters" / "cntk_backend.py"
@@ -90,14 +90,14 @@ def test_worker_says_in_one_line_when_cntk_is_missing(tmp_path, torch_python):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,steps", [("alexnet-tiny", 3), ("googlenet-tiny", 3),
-                                         ("resnet50-tiny", 1)])
-def test_cntk_equals_torch(tmp_path, cntk_env, torch_python, model, steps):
-    """Loss, gradients and the weights after `steps` momentum-SGD steps, CNTK vs PyTorch.
-
-    resnet50-tiny takes one step: its batch norm over 2 samples is ill-conditioned (PyTorch
-    float32 against float64 already differs by ~4e-4, see analysis/equivalence.py) and a few steps at
-    this learning rate amplify that; the other two take 3 steps, so momentum is exercised."""
+@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny"])
+def test_cntk_equals_torch_after_several_momentum_steps(tmp_path, cntk_env, torch_python, model):
+    """Loss, gradients and the weights after 3 momentum-SGD steps, CNTK vs PyTorch, so CNTK's
+    momentum convention is exercised, not only the one plain step every framework is checked
+    on (tests/test_conformance.py).  No resnet50-tiny: its batch norm over 2 samples is
+    ill-conditioned (PyTorch float32 against float64 already differs by ~4e-4, see
+    analysis/equivalence.py) and a few steps at this learning rate amplify that."""
+    steps = 3
     env = {"DLC_BACKEND_PYTHON": cntk_env["backend"]}
     ours = check_run(tmp_path, cntk_env["python"], "cntk", model, 2, steps, extra_env=env)
     ref = check_run(tmp_path, torch_python, "torch", model, 2, steps)
@@ -120,23 +120,6 @@ def test_cntk_equals_torch(tmp_path, cntk_env, torch_python, model, steps):
     assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
     assert grad_errors[worst_grad] <= limit
     assert update_errors[worst_update] <= limit
-
-
-@pytest.mark.slow
-def test_a_few_steps_reduce_the_loss(tmp_path, cntk_env):
-    assert_a_few_steps_reduce_the_loss(tmp_path, cntk_env["python"], "cntk", timeout=600,
-                                       extra_env={"DLC_BACKEND_PYTHON": cntk_env["backend"]})
-
-
-@pytest.mark.slow
-def test_two_mpi_ranks_equal_one_process_on_the_global_batch(tmp_path, cntk_env):
-    """CNTK's data_parallel_distributed_learner over MPI (OpenMPI 4 behind the 1.10 sonames):
-    2 ranks x batch 4 for 2 steps against 1 process x batch 8."""
-    env = {"DLC_BACKEND_PYTHON": cntk_env["backend"]}
-    model = "googlenet-tiny"
-    two = check_run(tmp_path, cntk_env["python"], "cntk", model, 4, 2, workers=2, extra_env=env)
-    one = check_run(tmp_path, cntk_env["python"], "cntk", model, 8, 2, workers=1, extra_env=env)
-    assert_ranks_equal_one_process(two, one, model)
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
-"""The MXNet adapter: kvstore names, the ps-lite rendezvous, the Gluon build of the shared
-description, equivalence with PyTorch, dist_sync over loopback (1 and 2 servers), in-process
-kvstores, the RecordIO input path, and failure of any ps-lite role.
+"""The MXNet adapter's own parts: kvstore names, the ps-lite rendezvous, the Gluon build of the
+shared description and its composite LRN, dist_sync over two servers, NCCL without a GPU, the
+RecordIO input path, and failure of any ps-lite role.  What every mode must do (the same step as
+PyTorch, two workers equal to one, learning, a calibration through the servers' updater with
+its contention probe) is in tests/test_conformance.py.
 
 Everything that needs MXNet runs in the MXNet environment (envs/mxnet.txt) as a subprocess:
 this test process (the launcher's environment) never imports it.
@@ -24,8 +26,7 @@ from adapters.registry import UnknownFramework, parse_framework_mode
 from core.envs import REPO_ROOT
 from launchers.local import run_local
 from launchers.rendezvous import processes_for
-from tests.conftest import (assert_contention_probe, assert_ranks_equal_one_process, calibration_run,
-                            cli_command, run_cli, worker_processes)
+from tests.conftest import assert_ranks_equal_one_process, cli_command, run_cli, worker_processes
 from tests.conftest import check_run as run_check
 
 FAST = ["--iterations", "3", "--repeats", "2", "--warmup", "1", "--profile-iterations", "1"]
@@ -55,14 +56,6 @@ def test_kvstore_modes_and_their_servers():
     assert set(info.modes) == {"local", "device", "nccl", "dist_sync", "dist_device_sync"}
     assert set(info.server_modes) == {"dist_sync", "dist_device_sync"}
     assert set(info.synchronous_modes) == set(info.modes)
-
-
-def test_bad_kvstore_on_the_command_line_is_one_line_and_exit_2(tmp_path):
-    result = run_cli("launchers.compare", "--frameworks", "mxnet:horovod", "--model",
-                     "alexnet-tiny", "--out", str(tmp_path / "c"), "--dry-run")
-    assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0
-    assert "unknown mode 'horovod' for mxnet" in result.stderr
 
 
 def test_plan_expands_servers_only_for_server_modes(tmp_path):
@@ -211,30 +204,18 @@ def check_run(tmp: Path, python: str, mode: str, model: str, workers: int, batch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("servers,model", [(1, "googlenet-tiny"), (2, "alexnet-tiny")])
-def test_dist_sync_two_workers_equal_one_worker_on_the_global_batch(tmp_path, mxnet_python,
-                                                                    monkeypatch, servers,
-                                                                    model):
-    """2 steps, so the servers' momentum state takes part. With 2 servers every tensor over
-    1000 values is split over both (MXNET_KVSTORE_BIGARRAY_BOUND, default 1e6, would leave
-    the tiny models' tensors whole on one server or the other)."""
-    if servers > 1:
-        monkeypatch.setenv("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")
+def test_dist_sync_over_two_servers_equals_one_worker_on_the_global_batch(tmp_path, mxnet_python,
+                                                                         monkeypatch):
+    """2 steps, so the servers' momentum state takes part, every tensor over 1000 values split
+    over both servers (MXNET_KVSTORE_BIGARRAY_BOUND, default 1e6, would leave the tiny models'
+    tensors whole on one server or the other).  One server: tests/test_conformance.py."""
+    model = "alexnet-tiny"
+    monkeypatch.setenv("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")
     two = check_run(tmp_path, mxnet_python, "dist_sync", model, workers=2, batch=4,
-                    servers=servers, steps=2)
+                    servers=2, steps=2)
     one = check_run(tmp_path, mxnet_python, "dist_sync", model, workers=1, batch=8,
                     servers=1, steps=2)
     assert_ranks_equal_one_process(two, one, model)
-
-
-@pytest.mark.slow
-def test_in_process_kvstore_two_devices_equal_one_on_the_global_batch(tmp_path, mxnet_python):
-    """kvstore local with two CPU contexts in one process against one context (device)."""
-    two = check_run(tmp_path, mxnet_python, "local", "googlenet-tiny", workers=2, batch=4,
-                    servers=0, steps=2)
-    one = check_run(tmp_path, mxnet_python, "device", "googlenet-tiny", workers=1, batch=8,
-                    servers=0, steps=2)
-    assert_ranks_equal_one_process(two, one, "googlenet-tiny", ranks=1)
 
 
 @pytest.mark.slow
@@ -245,19 +226,6 @@ def test_nccl_without_gpus_is_recorded_as_unavailable(tmp_path, mxnet_python):
     outcome = run_local(config, mxnet_python, out, "dmlc", REPO_ROOT, timeout=120)
     assert outcome.status == "unavailable", outcome
     assert "nccl" in outcome.error.lower()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["alexnet-tiny", "googlenet-tiny", "resnet50-tiny"])
-def test_same_loss_gradients_and_step_as_pytorch(model, mxnet_python, torch_python):
-    """launchers.check (one worker each, same weights and batch): loss, every gradient and the
-    one-step change of every parameter and BN statistic within its tolerance, against torch
-    DDP, for the default (dist_sync, through a real server) and the local kvstore."""
-    result = run_cli("launchers.check", "--frameworks", "torch,mxnet,mxnet:local",
-                     "--model", model)
-    print(result.stdout[-3000:])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "PASS" in result.stdout
 
 
 # ----------------------------------------------------------------------------- files
@@ -377,14 +345,3 @@ def test_a_ps_lite_role_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path
     print(f"{role} killed: run ended {time.monotonic() - killed:.1f} s later "
           f"(the campaign included its report), recorded: {error.splitlines()[0]!r}")
     assert worker_processes(str(out)) == []
-
-
-@pytest.mark.slow
-def test_calibration_pushes_keys_in_flight_through_the_servers_updater(tmp_path, mxnet_python):
-    """dist_sync calibration: small messages are up to 128 distinct keys in flight at once, as
-    a backward's gradients are, through the servers with the optimizer set (MXNet's
-    update_on_kvstore), so a key costs what it costs in an iteration; and the contention
-    probe pushes a key per gradient as backward writes it."""
-    times = calibration_run(tmp_path / "calibrate", mxnet_python, "mxnet", "dist_sync", servers=1)
-    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
-    assert_contention_probe(tmp_path / "calibrate")

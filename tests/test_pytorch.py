@@ -10,9 +10,7 @@ import os
 import pytest
 
 from adapters.registry import framework_info
-from tests.conftest import (assert_a_few_steps_reduce_the_loss, assert_contention_probe,
-                            assert_ranks_equal_one_process, calibration_run, check_run, overlap_run,
-                            run_cli)
+from tests.conftest import assert_ranks_equal_one_process, check_run, overlap_run, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +30,13 @@ def scheme_python(request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework,model", [
-    ("torch", "alexnet-tiny"), ("torch", "googlenet-tiny"),
-    ("cntk-style", "googlenet-tiny"), ("caffe-mpi-style", "googlenet-tiny")])
-def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, scheme_python, framework,
-                                                         model):
-    python = scheme_python(framework)
-    two = check_run(tmp_path, python, framework, model, workers=2, batch=4)
-    one = check_run(tmp_path, python, framework, model, workers=1, batch=8)
-    assert_ranks_equal_one_process(two, one, model)
-
-
-@pytest.mark.slow
-def test_a_few_steps_reduce_the_loss(tmp_path, torch_python):
-    assert_a_few_steps_reduce_the_loss(tmp_path, torch_python, "torch")
+def test_ddp_two_ranks_on_alexnet_equal_one_process(tmp_path, scheme_python):
+    """AlexNet's fully-connected gradients fill DDP's buckets unlike GoogleNet's many small
+    tensors (the conformance suite's model)."""
+    python = scheme_python("torch")
+    two = check_run(tmp_path, python, "torch", "alexnet-tiny", workers=2, batch=4)
+    one = check_run(tmp_path, python, "torch", "alexnet-tiny", workers=1, batch=8)
+    assert_ranks_equal_one_process(two, one, "alexnet-tiny")
 
 
 @pytest.mark.slow
@@ -115,15 +106,3 @@ def test_caffe_mpi_style_hides_its_allreduces_behind_backward_on_a_network_link(
         if run["overlap"] > 0.2:
             break
     assert max(overlaps) > 0.2, overlaps
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("framework", ["torch", "caffe-mpi-style"])
-def test_calibration_probes_contention_through_the_schemes_own_sending_path(tmp_path, scheme_python, framework):
-    """DDP's probe submits a copy of each gradient from a tensor hook; Caffe-MPI-style's arms
-    its own communication thread for the backward, as an iteration does.  Both replay the
-    exchange alone too (the model's exchange end, apart from contention)."""
-    times = calibration_run(tmp_path / "calibrate", scheme_python(framework), framework,
-                            framework_info(framework).modes[0])
-    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
-    assert_contention_probe(tmp_path / "calibrate")

@@ -1,5 +1,8 @@
-"""TensorFlow adapter through the real worker: MultiWorkerMirroredStrategy and TF1 parameter
-servers over gRPC on loopback, the model's geometry, the environment's pins, a dying server."""
+"""The TensorFlow adapter's own parts: TF1 parameter servers over two servers on loopback, the
+model's geometry, NHWC and tf.data, the profile's scaling, the environment's pins, a dying
+server.  What every mode must do (MultiWorkerMirroredStrategy and one parameter server: the same
+step as the others, two workers equal to one, learning, a calibration through the mode's own
+exchange) is in tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -11,33 +14,18 @@ from pathlib import Path
 import pytest
 
 from core.envs import REPO_ROOT
-from tests.conftest import (assert_ranks_equal_one_process, calibration_run, check_run, cli_command,
+from tests.conftest import (assert_ranks_equal_one_process, check_run, cli_command,
                             worker_processes)
 
 MODEL = "alexnet-tiny"  # groups, LRN and a 2x2 flatten (the NHWC row permutation) in one net
 
 
-@pytest.fixture(scope="module")
-def one_worker(tmp_path_factory, tf_python) -> Path:
-    """One process stepping on the global batch (2 x 4): the reference for every mode."""
-    return check_run(tmp_path_factory.mktemp("tf-single"), tf_python, "tf", MODEL,
-                     mode="collective", batch=8)
-
-
 @pytest.mark.slow
-def test_collective_two_workers_equal_one_process_on_the_global_batch(tmp_path, tf_python,
-                                                                      one_worker):
-    two = check_run(tmp_path, tf_python, "tf", MODEL, mode="collective", workers=2, batch=4)
-    assert_ranks_equal_one_process(two, one_worker, MODEL)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("servers", [1, 2])
-def test_parameter_servers_two_workers_equal_one_process(tmp_path, tf_python, one_worker,
-                                                         servers):
-    two = check_run(tmp_path, tf_python, "tf", MODEL, mode="ps", workers=2, batch=4,
-                    servers=servers)
-    assert_ranks_equal_one_process(two, one_worker, MODEL)
+def test_two_parameter_servers_two_workers_equal_one_process(tmp_path, tf_python):
+    """The variables spread over two servers (one server: tests/test_conformance.py)."""
+    two = check_run(tmp_path, tf_python, "tf", MODEL, mode="ps", workers=2, batch=4, servers=2)
+    one = check_run(tmp_path, tf_python, "tf", MODEL, mode="collective", batch=8)
+    assert_ranks_equal_one_process(two, one, MODEL)
 
 
 def tf_snippet(python: str, code: str, timeout: float = 600) -> dict:
@@ -232,28 +220,3 @@ def test_a_parameter_server_dying_mid_run_fails_the_run_and_leaves_nothing(tmp_p
     assert time.monotonic() - killed_at < 60  # noticed at once, not at the run's timeout
     assert time.monotonic() - started < 240 + 300
     assert worker_processes(str(out)) == []
-
-
-@pytest.mark.slow
-def test_calibration_times_the_strategys_own_allreduce(tmp_path, tf_python):
-    """`launchers.calibrate --frameworks tf:collective` goes through MultiWorkerMirrored's
-    all-reduce over gRPC, the collective the fused step runs (see comm_scheme)."""
-    times = calibration_run(tmp_path / "calibrate", tf_python, "tf", "collective")
-    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
-    record = json.loads((tmp_path / "calibrate" / "calibration.json").read_text())
-    assert record["contention"] is None  # one all-reduce after backward: nothing runs beside it
-
-
-@pytest.mark.slow
-def test_calibration_pushes_and_pulls_through_sync_replicas(tmp_path, tf_python):
-    """`launchers.calibrate --frameworks tf:ps`: per size, a SyncReplicasOptimizer step over
-    that many variables on the server (pull, gradient on the worker, push, the chief's
-    momentum update, the token), the exchange a training step makes; described as push/pull
-    with the run's servers over its own transport, so tf:collective's ring is never used
-    for it."""
-    times = calibration_run(tmp_path / "calibrate", tf_python, "tf", "ps", servers=1)
-    assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
-    record = json.loads((tmp_path / "calibrate" / "calibration.json").read_text())
-    scheme = record["comm_scheme"]
-    assert (scheme["algorithm"], scheme["servers"], scheme["transport"]) == ("ps", 1, "grpc-ps")
-    assert record["contention"] is None  # priced after backward: no probe
