@@ -7,12 +7,9 @@ two timed steps: about 7 s on a 2-core CPU VM, 2026-12)."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
-import subprocess
-from pathlib import Path
 
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import copy_of_the_repository, run_cli
 
 GUIDE_TRANSPORT = '''"""A throw-away transport (tests/test_transport_guide.py): this machine, as `local`, each
 process through a wrapper of its own."""
@@ -44,18 +41,6 @@ class GuideCluster(LocalCluster):
 '''
 FAST = ["--frameworks", "torch", "--model", "alexnet-tiny", "--workers", "1", "--iterations", "2",
         "--repeats", "1", "--warmup", "1", "--profile-iterations", "1"]
-
-
-def copy_of_the_repository(to: Path) -> Path:
-    """The files of this checkout git knows (tracked, and new ones it does not ignore)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60)
-    for name in filter(None, listed.stdout.split("\0")):
-        source = REPO_ROOT / name
-        if source.is_file():
-            (to / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, to / name)
-    return to
 
 
 def test_a_transport_is_one_new_file(tmp_path, torch_python):
