@@ -1,7 +1,8 @@
-"""The PyTorch-compute schemes through the real worker, 2 ranks on loopback: DDP over gloo,
-CNTK-style (flat all-reduce after backward, gloo) and Caffe-MPI-style (layer-wise MPI
-all-reduce from a communication thread, started by mpirun); Caffe-MPI-style's overlap on 2
-emulated nodes joined by a shaped link."""
+"""The PyTorch-compute schemes' own variants through the real worker: DDP's buckets on AlexNet,
+the measured overlap of DDP (hidden) and CNTK-style (not hidden) on loopback, and
+Caffe-MPI-style's overlap on 2 emulated nodes joined by a shaped link.  What every scheme must
+do (the same step, ranks equal to one process, learning, calibration) is in
+tests/test_conformance.py."""
 
 from __future__ import annotations
 
