@@ -53,6 +53,14 @@ def copy_of_the_repository(to: Path) -> Path:
     return to
 
 
+def insert_at_table_end(path: Path, entry: str, table: str, closing: str) -> None:
+    """Put `entry` as the last element of the table that starts at `table` in `path`: before
+    the first line after it that begins with `closing` (a guide's "add it at the end of ...")."""
+    text = path.read_text()
+    end = text.index("\n" + closing, text.index(table)) + 1
+    path.write_text(text[:end] + entry + text[end:])
+
+
 def assert_described_as_the_catalogue(described: dict, scheme) -> None:
     """A run's (or a calibration's) `comm_scheme` names the catalogue's collective and its
     stack; a framework with its own layer over the stack qualifies it (Horovod's fits are

@@ -29,11 +29,12 @@ import pytest
 
 from adapters.registry import FRAMEWORKS, framework_info
 from core import schemes as catalogue
-from tests.conftest import (assert_a_few_steps_reduce_the_loss, assert_contention_probe,
+from models import MODEL_NAMES
+from tests.conftest import (REPO_ROOT, assert_a_few_steps_reduce_the_loss, assert_contention_probe,
                             assert_described_as_the_catalogue, assert_ranks_equal_one_process,
                             calibration_run, check_run, run_cli)
 
-TINY_MODELS = ("alexnet-tiny", "googlenet-tiny", "resnet50-tiny")
+TINY_MODELS = tuple(name for name in MODEL_NAMES if name.endswith("-tiny"))
 RANKS_MODEL = "googlenet-tiny"  # no batch norm, and branches: many tensors, several buckets
 
 
@@ -59,6 +60,11 @@ def one_per_computation() -> list:
 
 def distributed(scheme: catalogue.SchemeInfo) -> bool:
     return scheme.synchronous and not scheme.one_process
+
+
+def servers_for(scheme: catalogue.SchemeInfo) -> int:
+    """One parameter server for a scheme that has them, none otherwise."""
+    return 1 if scheme.servers else 0
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +93,8 @@ def runnable_here(names) -> list[str]:
     printed with the reason)."""
     from launchers.interpreters import prepare_interpreters
 
-    infos = [(framework_info(name.split(":")[0]), None) for name in names]
-    chosen = prepare_interpreters([(info, info.modes[0]) for info, _ in infos], {}, log=print,
-                                  warn=print)
+    infos = [framework_info(name.split(":")[0]) for name in names]
+    chosen = prepare_interpreters([(info, info.modes[0]) for info in infos], {}, log=print, warn=print)
     for name, reason in chosen.unavailable.items():
         print(f"left out of the check: {name}: {reason}")
     return [name for name in names if name.split(":")[0] not in chosen.unavailable]
@@ -131,8 +136,6 @@ def test_every_registered_scheme_is_in_the_catalogue_with_a_computation():
 def test_the_readme_lists_every_framework_with_its_label_and_modes(name):
     """README's framework table is what a user reads first: a row per registered framework,
     with the catalogue's label and every mode."""
-    from tests.conftest import REPO_ROOT
-
     rows = [line for line in (REPO_ROOT / "README.md").read_text().splitlines()
             if line.startswith(f"| `{name}` |")]
     assert len(rows) == 1, f"README.md has no row (or several) for {name} in its framework table"
@@ -164,7 +167,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, environment, 
     device, two devices of that process against one."""
     python, env = environment(name)
     scheme = catalogue.scheme(name, mode)
-    servers = 1 if scheme.servers else 0
+    servers = servers_for(scheme)
     two = check_run(tmp_path, python, name, RANKS_MODEL, mode=mode, workers=2, batch=4, steps=2,
                     servers=servers, extra_env=env, timeout=600)
     one = check_run(tmp_path, python, name, RANKS_MODEL, mode=mode, workers=1, batch=8, steps=2,
@@ -176,8 +179,8 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, environment, 
 @pytest.mark.parametrize("name,mode", one_per_computation())
 def test_a_few_steps_reduce_the_loss(tmp_path, environment, name, mode):
     python, env = environment(name)
-    servers = 1 if catalogue.scheme(name, mode).servers else 0
-    assert_a_few_steps_reduce_the_loss(tmp_path, python, name, mode=mode, servers=servers,
+    assert_a_few_steps_reduce_the_loss(tmp_path, python, name, mode=mode,
+                                       servers=servers_for(catalogue.scheme(name, mode)),
                                        extra_env=env, timeout=600)
 
 
@@ -190,8 +193,7 @@ def test_calibration_goes_through_the_schemes_own_stack(tmp_path, environment, n
     python, env = environment(name)
     scheme = catalogue.scheme(name, mode)
     out = tmp_path / "calibrate"
-    times = calibration_run(out, python, name, mode, servers=1 if scheme.servers else 0,
-                            extra_env=env)
+    times = calibration_run(out, python, name, mode, servers=servers_for(scheme), extra_env=env)
     assert min(times[4 * 2 ** 20]) > min(times[4096]) > 0
     record = json.loads((out / "calibration.json").read_text())
     described = record["comm_scheme"]

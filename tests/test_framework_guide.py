@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import copy_of_the_repository, run_cli
+from tests.conftest import copy_of_the_repository, insert_at_table_end, run_cli
 
 GUIDE_ADAPTER = '''"""A throw-away framework (tests/test_framework_guide.py): PyTorch compute, the whole
 gradient all-reduced once after backward, as CNTK-style does."""
@@ -25,7 +25,7 @@ class GuideTrainer(CntkStyleTrainer):
 
 TRAINERS = {"flat": GuideTrainer}
 '''
-# Each entry goes beside the last one of its table, as the guide says.
+# Each entry goes after the last one of its table, as the guide says.
 CATALOGUE_SCHEME = '''    _framework_scheme(
         "guide", "flat", "Guide (flat)", "#2F4F4F",
         model=WHOLE_AFTER_BACKWARD, on_gpu=NCCL, transport="gloo", options=TORCH_OPTIONS, compute="pytorch"),
@@ -39,29 +39,14 @@ FAST = ["--iterations", "2", "--repeats", "1", "--warmup", "1", "--profile-itera
         "--batch-size", "4"]
 
 
-def insert_before_table_end(path, entry: str, table: str) -> None:
-    """Put `entry` as the last element of the table that starts at the line `table`."""
-    text = path.read_text()
-    start = text.index(table)
-    end = text.index("\n)", start) + 1
-    path.write_text(text[:end] + entry + text[end:])
-
-
 @pytest.mark.slow
 def test_a_framework_is_four_files(tmp_path, torch_python):
     repo = copy_of_the_repository(tmp_path / "repo")
     (repo / "adapters" / "guide.py").write_text(GUIDE_ADAPTER)
-    insert_before_table_end(repo / "core" / "schemes.py", CATALOGUE_SCHEME, "FRAMEWORK_SCHEMES: tuple")
-    schemes = (repo / "core" / "schemes.py").read_text()
-    facts = schemes.index("FRAMEWORKS: dict[str, FrameworkFacts]")
-    end = schemes.index("\n)}", facts) + 1
-    (repo / "core" / "schemes.py").write_text(schemes[:end] + CATALOGUE_FACTS + schemes[end:])
-    registry = (repo / "adapters" / "registry.py").read_text()
-    end = registry.index("\n)}") + 1
-    (repo / "adapters" / "registry.py").write_text(registry[:end] + REGISTRY_LINE + registry[end:])
-    readme = (repo / "README.md").read_text()
-    end = readme.index("\n", readme.index("| `jax` | JAX |")) + 1
-    (repo / "README.md").write_text(readme[:end] + README_ROW + readme[end:])
+    insert_at_table_end(repo / "core" / "schemes.py", CATALOGUE_SCHEME, "FRAMEWORK_SCHEMES: tuple", ")")
+    insert_at_table_end(repo / "core" / "schemes.py", CATALOGUE_FACTS, "FRAMEWORKS: dict[str, FrameworkFacts]", ")}")
+    insert_at_table_end(repo / "adapters" / "registry.py", REGISTRY_LINE, "FRAMEWORKS: dict", ")}")
+    insert_at_table_end(repo / "README.md", README_ROW, "| name | label | modes | environment |", "\n")
 
     joined = run_cli("tests", "tests/test_conformance.py", "tests/test_layers.py", "-k", "guide",
                      "-m", "not slow", "-q", "-p", "no:cacheprovider", cwd=repo, timeout=300)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import copy_of_the_repository, run_cli
+from tests.conftest import copy_of_the_repository, insert_at_table_end, run_cli
 
 VGG16_BUILDER = '''
 # --------------------------------------------------------------------------- VGG-16
@@ -43,12 +43,11 @@ MODEL_ENTRIES = '''    "vgg16": ModelFacts(lambda: vgg16(), {"gpu": 64, "cpu": 4
 
 
 def add_vgg16(zoo) -> None:
+    """The builder before the catalogue section, the entries at the end of `MODELS`."""
     text = zoo.read_text()
     catalogue = text.index("@dataclass(frozen=True)\nclass ModelFacts")
-    text = text[:catalogue] + VGG16_BUILDER.lstrip("\n") + "\n" + text[catalogue:]
-    table = text.index("MODELS: dict[str, ModelFacts]")
-    end = text.index("\n}", table) + 1
-    zoo.write_text(text[:end] + MODEL_ENTRIES + text[end:])
+    zoo.write_text(text[:catalogue] + VGG16_BUILDER.lstrip("\n") + "\n" + text[catalogue:])
+    insert_at_table_end(zoo, MODEL_ENTRIES, "MODELS: dict[str, ModelFacts]", "}")
 
 
 @pytest.mark.slow
