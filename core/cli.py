@@ -34,6 +34,14 @@ def warning_line(message: object) -> str:
     return f"dlcompare: warning: {message}"
 
 
+def listed(items, first: int = 3) -> str:
+    """Items for a message that must stay one readable line however many there are:
+    'a, b, c' for a few, 'a, b, c … and 1,197 more' beyond `first`."""
+    items = [str(item) for item in items]
+    shown = ", ".join(items[:first])
+    return shown if len(items) <= first else f"{shown} … and {len(items) - first:,} more"
+
+
 def warn(message: object) -> None:
     """Print `message` as one warning line on stderr (a terminal that is gone is no error)."""
     try:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from core.cli import OneLineParser, comma_list, comma_list_type
+from core.cli import OneLineParser, comma_list, comma_list_type, listed
 from core.files import FileLock, file_lock, write_json_atomic, write_text_atomic
 from tests.conftest import REPO_ROOT
 
@@ -130,6 +130,17 @@ def test_readers_never_see_half_a_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- the comma list
+
+def test_a_long_list_of_ids_is_summarised_in_one_line():
+    """1,200 ids read as the first three and a count, never as thousands of ids on one line."""
+    from analysis.store import imported_line
+
+    ids = [f"torch-ddp-alexnet-w2-b{batch}" for batch in range(1200)]
+    line = imported_line(ids)
+    assert line == ("imported 1,200 run(s) measured but not yet stored: torch-ddp-alexnet-w2-b0, "
+                    "torch-ddp-alexnet-w2-b1, torch-ddp-alexnet-w2-b2 … and 1,197 more")
+    assert listed(["a", "b"]) == "a, b" and listed(["a", "b", "c"]) == "a, b, c"
+
 
 def test_comma_list_strips_and_keeps_the_order():
     assert comma_list(" 4, 1,2 ", "--workers") == ["4", "1", "2"]

@@ -11,6 +11,7 @@ from analysis.store.lock import CampaignLock
 from analysis.store.repair import repair_campaign
 from analysis.store.result_store import ResultStore
 from analysis.store.schema import STORE_FILENAME
+from core.cli import listed
 
 
 def open_campaign(out_dir: str | Path, wait: bool = False, repair: bool = False,
@@ -49,4 +50,4 @@ def open_campaign(out_dir: str | Path, wait: bool = False, repair: bool = False,
 def imported_line(run_ids: list[str]) -> str:
     """What a command says when it stored records that run folders kept (their runs ended
     while the store could not take them)."""
-    return f"imported {len(run_ids)} run(s) measured but not yet stored: {', '.join(run_ids)}"
+    return f"imported {len(run_ids):,} run(s) measured but not yet stored: {listed(run_ids)}"
