@@ -27,20 +27,25 @@ measured phases, in seconds per iteration::
     rest    = lost - (compute + comm + skew + io + update)
 
 The cause named first is the largest of the five; the performance model's predicted exposed
-communication is quoted beside the measured one where the run has a prediction.
+communication is quoted beside the measured one where the run has a prediction, and each row
+keeps the model's predicted iteration time (`predicted_iter_ms`), from which the verdict matrix
+(`analysis.overview`) marks the scheme the model would have picked.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
 from analysis import tables
 from analysis.rendering import missing
 
+Row = Mapping[str, Any]  # one configuration: a dict of `_configs`' columns (a Series reads the same)
 TOPOLOGY_KEYS: list[str] = ["model", "device", "batch_per_worker", "nodes", "workers_per_node", "bandwidth",
                             "latency"]
 CAUSES: tuple[str, ...] = ("compute", "comm", "skew", "io", "update")
@@ -62,7 +67,7 @@ VERDICT_COLUMNS: list[str] = [
     "topology", "rank", "framework", "framework_label", "mode", "series", "synchronous", "runs", "images_per_s",
     "iter_ms", "iter_ms_p10", "iter_ms_p90", "behind_winner_pct", "margin_pct", "beyond_spread", "efficiency",
     "baseline_iter_ms", "lost_ms", "compute_ms", "comm_ms", "skew_ms", "io_ms", "update_ms", "rest_ms",
-    "compute_ratio", "comm_model_ms", "cause", "cause_text", "flags", "threads_per_worker", "baseline_threads",
+    "compute_ratio", "comm_model_ms", "predicted_iter_ms", "cause", "cause_text", "flags", "threads_per_worker", "baseline_threads",
     "cpu_cores", "ranks_per_host", "oversubscribed", "other_load"]
 
 
@@ -107,7 +112,7 @@ def _run_facts(frame: pd.DataFrame) -> pd.DataFrame:
         update_s=number("phase_update_s"), comm_s=number("phase_comm_s").fillna(0.0),
         overlap_f=number("overlap").fillna(0.0), arrival_mean=arrival_mean,
         arrival_sync=number("extra_sync_compute_s_before_comm"),
-        comm_model=number("extra_prediction_comm_exposed_s"), threads=number("threads_per_worker"),
+        comm_model=number("extra_prediction_comm_exposed_s"), predicted=number("predicted_iter_time"), threads=number("threads_per_worker"),
         cores=number("cpu_cores"), per_host=number("ranks_per_host"), oversub=number("oversubscribed"),
         other=number("other_load"), sync=synchronous.fillna(1.0))
 
@@ -118,7 +123,7 @@ def _configs(frame: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return runs
     medians = ["t", "t_p10", "t_p90", "thr", "compute", "io_s", "update_s", "comm_s", "overlap_f", "arrival_mean",
-               "arrival_sync", "comm_model", "threads", "cores", "per_host"]
+               "arrival_sync", "comm_model", "predicted", "threads", "cores", "per_host"]
     worst = ["oversub", "other"]
     grouped = runs.groupby(tables.CONFIG_KEYS, dropna=False, sort=True)
     table = grouped[medians].median().join(grouped[worst].max()).join(grouped["sync"].min()) \
@@ -129,22 +134,30 @@ def _configs(frame: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- attribution
 
-def _baseline_of(configs: pd.DataFrame, row: pd.Series, mode) -> pd.Series | None:
+BASELINE_KEYS = ["model", "device", "batch_per_worker", "framework", "mode"]
+
+
+def _baselines(configs: pd.DataFrame) -> dict[tuple, Row]:
+    """The one-worker configuration of each scheme, model, device and per-worker batch (the
+    first where several match), looked up by `_baseline_of`."""
+    found: dict[tuple, Row] = {}
+    for row in configs[configs["world_size"] == 1].to_dict("records"):
+        found.setdefault(tuple(row[k] for k in BASELINE_KEYS), row)
+    return found
+
+
+def _baseline_of(baselines: dict[tuple, Row], row: Row, mode) -> Row | None:
     """The one-worker configuration of the same scheme (the scaling table's choice of mode)."""
     if missing(mode):
         return None
-    same = configs[(configs["model"] == row["model"]) & (configs["device"] == row["device"])
-                   & (configs["batch_per_worker"] == row["batch_per_worker"])
-                   & (configs["framework"] == row["framework"]) & (configs["mode"] == mode)
-                   & (configs["world_size"] == 1)]
-    return same.iloc[0] if len(same) else None
+    return baselines.get((row["model"], row["device"], row["batch_per_worker"], row["framework"], mode))
 
 
 def _difference(now, then) -> float:
     return math.nan if missing(now) or missing(then) else float(now) - float(then)
 
 
-def attribute(row: pd.Series, baseline: pd.Series | None) -> dict[str, float]:
+def attribute(row: Row, baseline: Row | None) -> dict[str, float]:
     """Seconds per iteration lost against the baseline, by cause (see the module docstring);
     causes that need the baseline are NaN without one."""
     base = baseline if baseline is not None else {}
@@ -172,7 +185,7 @@ def _plural(count, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def sharing_text(row: pd.Series, baseline: pd.Series | None) -> str:
+def sharing_text(row: Row, baseline: Row | None) -> str:
     """Why each worker computes slower: how many shared the machine with how many threads."""
     if row["device_kind"] != "cpu" or missing(row["per_host"]) or missing(row["threads"]):
         return f"{_plural(row['workers_per_node'], 'worker')} per node"
@@ -185,7 +198,7 @@ def sharing_text(row: pd.Series, baseline: pd.Series | None) -> str:
     return text
 
 
-def busy_text(row: pd.Series) -> str:
+def busy_text(row: Row) -> str:
     """'other processes kept 1.3 of 2 cores busy', or '' on a quiet machine."""
     if missing(row["other"]) or row["other"] < BUSY_CORES:
         return ""
@@ -193,7 +206,7 @@ def busy_text(row: pd.Series) -> str:
     return f"other processes kept {row['other']:.1f}{cores} cores busy"
 
 
-def cause_text(row: pd.Series, baseline: pd.Series | None, parts: dict[str, float], efficiency) -> tuple[str, str]:
+def cause_text(row: Row, baseline: Row | None, parts: dict[str, float], efficiency) -> tuple[str, str]:
     """(cause key, one sentence) for a configuration."""
     if row["world_size"] <= 1:
         return "", "one worker: the baseline of its scheme"
@@ -227,7 +240,7 @@ def cause_text(row: pd.Series, baseline: pd.Series | None, parts: dict[str, floa
     return top, text
 
 
-def _cause_piece(cause: str, row: pd.Series, baseline: pd.Series, parts: dict[str, float]) -> str:
+def _cause_piece(cause: str, row: Row, baseline: Row, parts: dict[str, float]) -> str:
     """The leading cause with its evidence."""
     value = _ms(parts[cause])
     if cause == "compute":
@@ -244,7 +257,7 @@ def _cause_piece(cause: str, row: pd.Series, baseline: pd.Series, parts: dict[st
     return f"{CAUSE_NAMES[cause]} {value} more than the one-worker run"
 
 
-def flags_text(row: pd.Series) -> str:
+def flags_text(row: Row) -> str:
     """What makes a configuration's numbers less trustworthy, '; '-separated ('' when nothing)."""
     flags = []
     if row["oversub"] == 1:
@@ -266,10 +279,11 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
     configs = _configs(frame)
     if configs.empty:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
+    baselines = _baselines(configs)
     rows = []
-    for _, row in configs.iterrows():
+    for row in configs.to_dict("records"):  # dicts: a Series per row costs more than the rest of the loop
         efficiency = row["efficiency"]
-        baseline = None if row["world_size"] <= 1 else _baseline_of(configs, row, row["baseline_mode"])
+        baseline = None if row["world_size"] <= 1 else _baseline_of(baselines, row, row["baseline_mode"])
         parts = attribute(row, baseline)
         cause, text = cause_text(row, baseline, parts, efficiency)
         rows.append({
@@ -283,7 +297,7 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
             **{f"{name}_ms": parts[name] * 1e3 for name in ("lost", *CAUSES, "rest")},
             "compute_ratio": (row["compute"] / baseline["compute"]
                               if baseline is not None and baseline["compute"] else math.nan),
-            "comm_model_ms": row["comm_model"] * 1e3, "cause": cause, "cause_text": text,
+            "comm_model_ms": row["comm_model"] * 1e3, "predicted_iter_ms": row["predicted"] * 1e3, "cause": cause, "cause_text": text,
             "flags": flags_text(row), "threads_per_worker": row["threads"],
             "baseline_threads": math.nan if baseline is None else baseline["threads"], "cpu_cores": row["cores"],
             "ranks_per_host": row["per_host"], "oversubscribed": row["oversub"], "other_load": row["other"]})
@@ -293,24 +307,29 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _ranked(table: pd.DataFrame) -> pd.DataFrame:
     """Rank the synchronous schemes of each topology by images/s; the winner's row gets the
-    margin over the runner-up and whether it is beyond the spread."""
-    table = table.assign(rank=math.nan, behind_winner_pct=math.nan, margin_pct=math.nan, beyond_spread=None)
-    ordered = []
-    for _, group in table.groupby(TOPOLOGY_KEYS, dropna=False, sort=True):
-        ranked = group[group["synchronous"]].sort_values("images_per_s", ascending=False)
-        ranked = ranked.assign(rank=range(1, len(ranked) + 1))
-        if len(ranked):
-            best = ranked.iloc[0]["images_per_s"]
-            ranked["behind_winner_pct"] = (1 - ranked["images_per_s"] / best) * 100
-        if len(ranked) > 1:
-            first, second = ranked.iloc[0], ranked.iloc[1]
-            ranked.loc[first.name, "margin_pct"] = (first["images_per_s"] / second["images_per_s"] - 1) * 100
-            known = not (missing(first["iter_ms_p90"]) or missing(second["iter_ms_p10"]))
-            # one topology, one per-worker batch: the faster one's slowest repeats still beat the other's fastest
-            ranked.loc[first.name, "beyond_spread"] = bool(first["iter_ms_p90"] < second["iter_ms_p10"]) \
-                if known else None
-        ordered += [ranked, group[~group["synchronous"]]]
-    return pd.concat(ordered).reset_index(drop=True)
+    margin over the runner-up and whether it is beyond the spread.  Topologies in key order,
+    each with its ranked schemes first and its asynchronous ones after."""
+    table = table.assign(rank=math.nan, behind_winner_pct=math.nan, margin_pct=math.nan, beyond_spread=None,
+                         _topology=table.groupby(TOPOLOGY_KEYS, dropna=False, sort=True).ngroup(),
+                         _async=~table["synchronous"].astype(bool))
+    ranked = table[~table["_async"]].sort_values(["_topology", "images_per_s"], ascending=[True, False],
+                                                 kind="stable")
+    by_topology = ranked.groupby("_topology")
+    ranked["rank"] = by_topology.cumcount() + 1
+    ranked["behind_winner_pct"] = (1 - ranked["images_per_s"] / by_topology["images_per_s"].transform("first")) * 100
+    first = ranked[ranked["rank"] == 1]
+    second = ranked[ranked["rank"] == 2].set_index("_topology").reindex(first["_topology"])
+    second.index = first.index
+    contested = second["rank"].notna()
+    ranked.loc[first.index[contested], "margin_pct"] = \
+        ((first["images_per_s"] / second["images_per_s"] - 1) * 100)[contested]
+    # one topology, one per-worker batch: the faster one's slowest repeats still beat the other's fastest
+    known = contested & first["iter_ms_p90"].notna() & second["iter_ms_p10"].notna()
+    beyond = pd.Series(None, index=first.index, dtype=object)
+    beyond[known] = [bool(b) for b in (first["iter_ms_p90"] < second["iter_ms_p10"])[known]]
+    ranked.loc[first.index[contested], "beyond_spread"] = beyond[contested]
+    ordered = pd.concat([ranked, table[table["_async"]]]).sort_values(["_topology", "_async"], kind="stable")
+    return ordered.drop(columns=["_topology", "_async"]).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- headlines
