@@ -1,13 +1,17 @@
 """A one-screen terminal summary of a campaign, for the end of ``launchers.compare``.
 
-The verdict first (`analysis.verdict`: per model and topology the fastest scheme, its margin,
-and where each scheme's lost time went), then one row per measured configuration (median over
-repeated runs) with speedup and efficiency against the one-worker run, then one row per failed
-run; details live in the report.
+The verdict matrix first (`analysis.overview`: per topology the winning scheme, its margin,
+whether the win is clear, the model's predicted winner), which fits one screen (`SCREEN_LINES`)
+for a campaign of any size.  The details follow where they fit on that screen too, and on
+request (``--all``, or ``--where nodes=2,batch=64`` for part of the campaign): per topology the
+verdict's sentence and where each scheme's lost time went (`analysis.verdict`), then one row per
+measured configuration (median over repeated runs) with speedup and efficiency against the
+one-worker run, then one row per failed run; everything else lives in the report.
 """
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from rich.table import Table
 
 from rich.text import Text
 
-from analysis import tables, verdict
+from analysis import overview, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.rendering import missing
 from analysis.store import ResultStore, StoreError
@@ -35,6 +39,9 @@ HEADERS = ("Scheme", "Model", "N×W", "Batch", "img/s", "Iter ms [p10–p90]", "
 NUMERIC = {"Batch", "img/s", "S(N)", "E(N)"}
 # Columns that may wrap on a narrow terminal; the numbers never do.
 WRAPPING = {"Scheme": 11, "Model": 8, "Iter ms [p10–p90]": 13}
+SCREEN_LINES = 40  # the overview of any campaign fits this many terminal lines
+MATRIX_CELL_WIDTH = 18  # characters per matrix column, for choosing how many fit the terminal
+CLEAR_MARKS = {True: "✓", False: "~", None: "?"}
 CAPTION = ("Scheme: framework (mode); N×W nodes × workers per node, Batch per worker, img/s over all workers; iteration time median [p10–p90] over "
            "timed repeats; speedup S(N) = N·t(1)/t(N) against the one-worker run, efficiency E(N) = S/N")
 
@@ -126,11 +133,11 @@ def model_line(frame: pd.DataFrame) -> str:
             f"{len(errors)} runs (max {errors.max() * 100:.1f} %)")
 
 
-def verdict_text(frame: pd.DataFrame) -> Text:
-    """The verdict as terminal text: per topology its title, headline, and each scheme's cause
-    and flags (the scheme's name in its fixed colour)."""
+def verdict_text(table: pd.DataFrame) -> Text:
+    """The verdict table (`verdict.verdict_table`) as terminal text: per topology its title,
+    headline, and each scheme's cause and flags (the scheme's name in its fixed colour)."""
     text = Text()
-    for item in verdict.verdicts(verdict.verdict_table(frame)):
+    for item in verdict.verdicts(table):
         text.append(item.title + "\n", style="bold")
         text.append("  " + item.headline + "\n")
         for _, row in item.rows.iterrows():
@@ -148,29 +155,135 @@ def verdict_text(frame: pd.DataFrame) -> Text:
     return text
 
 
-def print_summary(out_dir: str | Path, console: Console | None = None) -> Table:
-    """Print the verdict and the summary table of the campaign in `out_dir`; StoreError when it
-    has no store."""
+def _letters(table: pd.DataFrame, wins: pd.DataFrame) -> dict[str, str]:
+    """A one-letter key per scheme of the verdict table, those with the most `wins` first."""
+    names = list(wins["series"])
+    names += sorted(set(table.loc[table["synchronous"].astype(bool), "series"]) - set(names))
+    return {name: chr(ord("A") + i) if i < 26 else f"{i}" for i, name in enumerate(names)}
+
+
+def _matrix_cell(cell: overview.MatrixCell | None, letters: dict[str, str]) -> Text:
+    """'A +6% ✓ ◆': winner's key, margin, clear mark, the model's agreement (or its pick)."""
+    if cell is None:
+        return Text("—", style="dim")
+    text = Text(letters.get(cell.winner, "?"), style=f"bold {scheme_colour(cell.framework, cell.mode)}")
+    margin = "only" if missing(cell.margin_pct) else f"+{cell.margin_pct:.0f}%"
+    text.append(f" {margin} {CLEAR_MARKS[cell.clear]}", style="" if cell.clear else "dim")
+    if cell.predicted is not None:
+        text.append(" ◆" if cell.predicted == cell.winner else f" ◇{letters.get(cell.predicted, '?')}",
+                    style="" if cell.predicted == cell.winner else "yellow")
+    return text
+
+
+def matrix_renderables(table: pd.DataFrame, width: int = 80) -> list:
+    """The verdict matrix of the verdict table as rich renderables: per model and device a grid,
+    then the key, the win counts and what was left out."""
+    columns = max(1, min(6, (width - 12) // MATRIX_CELL_WIDTH))
+    grids, grids_left_out = overview.verdict_matrix(table, max_columns=columns)
+    if not grids:
+        return [Text("no successful run to rank yet", style="dim")]
+    wins = overview.win_counts(table)
+    letters = _letters(table, wins)
+    out = []
+    for grid in grids:
+        # the title as its own line: a table's title wraps at the table's (narrow) width
+        out.append(Text(f"{grid.title} — columns: {grid.column_axis}", style="bold"))
+        grid_table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False,
+                           header_style="bold")
+        grid_table.add_column(escape(grid.row_axis), no_wrap=True)
+        for column in grid.columns:
+            grid_table.add_column(escape(column), no_wrap=True)
+        for row in grid.rows:
+            grid_table.add_row(escape(row), *(_matrix_cell(grid.cells.get((row, c)), letters) for c in grid.columns))
+        out.append(grid_table)
+        left = [f"{n} more {what}" for n, what in ((grid.rows_left_out, "rows"), (grid.columns_left_out, "columns")) if n]
+        if left:
+            out.append(Text(f"  … {' and '.join(left)} evenly left out: narrow with --where", style="dim"))
+    if grids_left_out:
+        out.append(Text(f"… and {grids_left_out} more model/device grid(s): narrow with --where model=…", style="dim"))
+    key = Text("key: ")
+    for name, letter in letters.items():
+        key.append(letter, style=f"bold {_colour_of(table, name)}")
+        key.append(f" {name}  ")
+    out.append(key)
+    out.append(Text("winner, margin over the runner-up, ✓ beyond the run-to-run spread, ~ within it (not a clear win); "
+                    "◆ the model predicted this winner, ◇X it predicted X", style="dim"))
+    out.append(Text("wins: " + "; ".join(f"{letters[r['series']]} {r['wins']} ({r['clear']} clear)"
+                                         for _, r in wins.iterrows())))
+    return out
+
+
+def _colour_of(table: pd.DataFrame, series: str) -> str:
+    row = table[table["series"] == series].iloc[0]
+    return scheme_colour(row["framework"], row["mode"])
+
+
+def _lines(renderables: list, width: int) -> int:
+    """How many terminal lines `renderables` take at `width`."""
+    probe = Console(file=io.StringIO(), width=width, color_system=None)
+    for item in renderables:
+        probe.print(item)
+    return len(probe.file.getvalue().splitlines())
+
+
+def detail_renderables(frame: pd.DataFrame, table: pd.DataFrame, title: str) -> list:
+    """Per topology the verdict's sentence and causes (from the verdict `table`), then the runs
+    table of `frame`."""
+    found = verdict_text(table)
+    out = [Text("Verdict\n", style="bold underline") + found] if found else []
+    return out + [summary_table(frame, title=title)]
+
+
+def counts_line(frame: pd.DataFrame) -> Text:
+    status = frame["status"] if "status" in frame.columns else pd.Series(dtype=object)
+    ok = int((status == "ok").sum())
+    return Text(f"{len(frame):,} run(s): {ok:,} ok, {len(frame) - ok:,} not", style="bold")
+
+
+def print_summary(out_dir: str | Path, console: Console | None = None, show_all: bool = False,
+                  where: str | None = None) -> int:
+    """Print the campaign in `out_dir`: the verdict matrix, then the details where they fit one
+    screen or are asked for (`show_all`, or a `where` filter, which narrows everything); returns
+    the number of lines printed. StoreError when it has no store, FilterError on a bad filter."""
     out_dir = Path(out_dir)
     with ResultStore.for_campaign(out_dir, create=False) as store:
         frame = store.runs_frame()
+    frame = overview.where(frame, where)
     console = console or Console()
-    found = verdict_text(frame) if len(frame) else Text()
-    if found:
-        console.print(Text("Verdict\n", style="bold underline") + found)
-    table = summary_table(frame, title=f"dlcompare — {out_dir.resolve().name}")
-    console.print(table)
-    return table
+    title = f"dlcompare — {out_dir.resolve().name}" + (f" — where {where}" if where else "")
+    head = [Text(title, style="bold"), counts_line(frame)]
+    table = verdict.verdict_table(frame)
+    shown = head + [Text("Verdict matrix", style="bold underline")] + matrix_renderables(table, console.width)
+    asked = show_all or bool(where)
+    # the runs table alone has a line per configuration: past a screen of them, do not build it to measure it
+    details = detail_renderables(frame, table, title) if asked or len(table) < SCREEN_LINES else []
+    if details and (asked or _lines(shown + details, console.width) <= SCREEN_LINES):
+        shown += details
+    else:
+        shown.append(Text(f"each topology's verdict and causes and the runs table: dlcompare summary {out_dir} --all, "
+                          "or --where nodes=…,batch=… for part of it", style="dim"))
+    with console.capture() as captured:  # rendered once, for the screen and for the line count
+        for item in shown:
+            console.print(item)
+    output = captured.get()
+    console.file.write(output)
+    console.file.flush()
+    return len(output.splitlines())
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m analysis.summary DIR``: print a campaign's summary table."""
+    """``python -m analysis.summary DIR [--all] [--where dim=value,...]``: print a campaign's
+    verdict matrix, and its details where they fit or are asked for."""
     parser = OneLineParser(prog="python -m analysis.summary", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", metavar="DIR", help="campaign folder holding results.sqlite")
+    parser.add_argument("--all", action="store_true", dest="show_all",
+                        help="each topology's verdict and causes and the runs table, however long")
+    parser.add_argument("--where", metavar="DIM=VALUE,...",
+                        help=f"only the runs matching every term; dimensions: {', '.join(overview.DIMENSIONS)}")
     args = parser.parse_args(argv)
     try:
-        print_summary(args.out_dir)
-    except StoreError as exc:
+        print_summary(args.out_dir, show_all=args.show_all, where=args.where)
+    except (StoreError, overview.FilterError) as exc:
         return fail(exc)
     return 0
 

@@ -105,6 +105,33 @@ def make_records() -> list[dict]:
     return records + [make_failed_record()]
 
 
+SWEEP_TOPOLOGIES = ((1, 1), (1, 2), (2, 1))  # nodes, workers per node
+SWEEP_SCHEMES = (("PyTorch DDP", "torch", "ddp"), ("MXNet", "mxnet", "dist_sync"))
+
+
+def sweep_time(framework: str, batch: int, world: int) -> float:
+    """PyTorch DDP wins small batches, MXNet large ones; the crossover is at batch 100."""
+    per_image = 0.0020 if framework == "torch" else 0.0017
+    fixed = 0.010 if framework == "torch" else 0.040
+    return fixed + per_image * batch + 0.004 * (world - 1)
+
+
+def sweep_records(batches, topologies=SWEEP_TOPOLOGIES) -> list[dict]:
+    """A sweep of both `SWEEP_SCHEMES` over per-worker batch and topology: one run per point."""
+    records = []
+    for batch in batches:
+        for nodes, per_node in topologies:
+            world = nodes * per_node
+            for label, framework, mode in SWEEP_SCHEMES:
+                t = sweep_time(framework, batch, world)
+                run_id = f"{framework}-{mode}-n{nodes}x{per_node}-b{batch}"
+                records.append(make_record(label, framework, mode, world, t, run_id=run_id, config_hash=run_id,
+                                           nodes=nodes, workers_per_node=per_node, batch_per_worker=batch,
+                                           global_batch=batch * world, throughput=batch * world / t,
+                                           throughput_per_worker=batch / t))
+    return records
+
+
 def make_campaign(out_dir: Path, records: list[dict] | None = None) -> Path:
     """A campaign folder with a filled result store; returns the folder."""
     from analysis.store import ResultStore
