@@ -4,13 +4,14 @@ Each function takes the runs frame of `ResultStore.runs_frame()` and a campaign 
 writes one PNG (dpi 120) under ``<out_dir>/figures/`` and returns its path, or None when the
 frame holds nothing it could plot (empty, only failed runs, no profile phases ...), so that
 a report can be built from whatever a campaign has so far.  Beside each PNG,
-``<name>.json`` lists the series drawn (name, colour, points): what a reader or a test can
-check without decoding pixels.
+``<name>.json`` lists the series drawn (name, colour, points) and what the figure left out:
+what a reader or a test can check without decoding pixels.
 
 A figure has one panel per model, device and per-worker batch (and, for the throughput bars,
-per topology).  A topology is always (nodes, workers per node), written ``1×2``: runs of
-different topologies are never averaged together, and 1 node × 2 workers and 2 nodes × 1
-worker are separate series.  Every scheme has the one colour `analysis.palette` gives it, in
+per topology), at most `MAX_PANELS` of them (evenly chosen beyond it, said in the title), and
+no side longer than `MAX_PX` pixels, whatever the campaign's size.  A topology is always
+(nodes, workers per node), written ``1×2``: runs of different topologies are never averaged
+together, and 1 node × 2 workers and 2 nodes × 1 worker are separate series.  Every scheme has the one colour `analysis.palette` gives it, in
 every figure of every campaign; schemes are listed as horizontal bars, so that nine of them
 stay readable.
 """
@@ -35,6 +36,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from analysis import tables  # noqa: E402
+from analysis.overview import evenly  # noqa: E402
 from analysis.palette import scheme_colour  # noqa: E402
 from analysis.rendering import missing  # noqa: E402
 from analysis.units import UnitError, parse_bandwidth  # noqa: E402
@@ -50,6 +52,10 @@ FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_sprea
 # successful profiled run has.
 OPTIONAL_FIGURES = frozenset({"bandwidth"})
 TIMELINE_PANELS = 4
+# Bounded at any campaign size: at most this many panels per figure (evenly chosen beyond it,
+# the title says how many were left out) and never more pixels than this on either side.
+MAX_PANELS = 12
+MAX_PX = 4000
 BAR_HEIGHT_IN = 0.34  # inches per horizontal bar
 MAX_LAYER_LABELS = 40  # layer names written under the per-layer figure's axis, at most
 VISIBLE_SHARE = 0.003  # a phase below this share of the longest stack everywhere is not in the legend
@@ -108,6 +114,14 @@ def _facets(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return panels
 
 
+def _within_budget(panels: list) -> tuple[list, str]:
+    """At most `MAX_PANELS` of `panels`, evenly chosen (the first and the last kept), and the
+    note the figure's title carries about the rest ('' when all fit)."""
+    kept = evenly(panels, MAX_PANELS)
+    left_out = len(panels) - len(kept)
+    return kept, (f"{len(kept)} of {len(panels)} panels, evenly chosen; the tables hold all" if left_out else "")
+
+
 def _figure(n_panels: int, cols: int = 2, panel_size: tuple[float, float] = PANEL_SIZE):
     """A figure with one axes per panel, at most `cols` per row."""
     cols = max(1, min(n_panels, cols))
@@ -120,12 +134,14 @@ def _figure(n_panels: int, cols: int = 2, panel_size: tuple[float, float] = PANE
     return fig, flat[:n_panels]
 
 
-def _save(fig, out_dir: str | Path, name: str, title: str, series: list[dict] | None = None) -> Path:
-    """Write the PNG and its ``.json`` list of series; return the PNG's path."""
+def _save(fig, out_dir: str | Path, name: str, title: str, series: list[dict] | None = None,
+          note: str = "") -> Path:
+    """Write the PNG (its title with `note`, where panels were left out) and its ``.json`` list
+    of series; return the PNG's path."""
     folder = Path(out_dir) / "figures"
-    path = save_figure(fig, folder / f"{name}.png", title)
-    (folder / f"{name}.json").write_text(json.dumps({"series": series or []}, default=float, indent=1),
-                                         encoding="utf-8")
+    path = save_figure(fig, folder / f"{name}.png", f"{title}\n({note})" if note else title)
+    (folder / f"{name}.json").write_text(json.dumps({"series": series or [], "left_out": note}, default=float,
+                                                    indent=1), encoding="utf-8")
     return path
 
 
@@ -140,7 +156,9 @@ def save_figure(fig, path: str | Path, title: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.suptitle(title, fontsize=13, fontweight="bold")
-    fig.savefig(path, dpi=DPI, facecolor="white")  # constrained layout: laid out in this one draw
+    # however many panels, never more than MAX_PX on a side: a larger figure is drawn finer
+    dpi = min(DPI, MAX_PX / max(fig.get_size_inches()))
+    fig.savefig(path, dpi=dpi, facecolor="white")  # constrained layout: laid out in this one draw
     plt.close(fig)
     return path
 
@@ -179,6 +197,7 @@ def throughput_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     for index, (title, rows) in enumerate(_facets(table)):
         for topology in _topology_order(rows):
             panels.append((index, f"{title}\n{topology_words(topology)}", rows[rows["topology"] == topology]))
+    panels, note = _within_budget(panels)
     cols = min(3, len(panels))
     most = max(len(rows) for _, _, rows in panels)
     fig, axes = _figure(len(panels), cols, (5.0, max(2.4, 1.2 + BAR_HEIGHT_IN * most)))
@@ -197,7 +216,7 @@ def throughput_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.grid(axis="x", alpha=0.3)
         drawn += [_series_entry(f"{r['series']} · {r['topology']}", r["colour"], [[r["topology"], r["images_per_s"]]])
                   for _, r in rows.iterrows()]
-    return _save(fig, out_dir, "throughput", "Training throughput (higher is better)", drawn)
+    return _save(fig, out_dir, "throughput", "Training throughput (higher is better)", drawn, note)
 
 
 def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
@@ -214,7 +233,7 @@ def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     visible = {c for c in phase_cols
                if pd.to_numeric(table[c], errors="coerce").fillna(0).abs().max() > VISIBLE_SHARE * largest}
     table = _with_series(table)
-    panels = _facets(table)
+    panels, note = _within_budget(_facets(table))
     most = max(len(rows) for _, rows in panels)
     fig, axes = _figure(len(panels), 1, (11.0, 1.6 + 0.5 * most))
     for ax, (title, rows) in zip(axes, panels):
@@ -244,9 +263,9 @@ def phase_bars(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.legend(fontsize=8, **OUTSIDE)
     drawn = [_series_entry(f"{r['series']} · {r['topology']}", r["colour"],
                            [[c[: -len("_ms")], r[c]] for c in phase_cols] + [["iteration", r["iter_ms"]]])
-             for _, r in table.iterrows()]
+             for _, rows in panels for _, r in rows.iterrows()]
     return _save(fig, out_dir, "phases", "Where an iteration's time goes (profile mode) and the iteration itself",
-                 drawn)
+                 drawn, note)
 
 
 def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
@@ -261,7 +280,7 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     colours = _colours(table)
     node_counts = sorted({int(n) for n in table["nodes"]})
     styles = {n: NODE_STYLES[min(i, len(NODE_STYLES) - 1)] for i, n in enumerate(node_counts)}
-    panels = _facets(table)
+    panels, note = _within_budget(_facets(table))
     fig, axes = _figure(len(panels))
     drawn = []
     for ax, (title, rows) in zip(axes, panels):
@@ -293,7 +312,7 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.add_artist(topology)
         _scheme_legend(ax, {n: colours[n] for n in sorted(rows["series"].unique())}, fontsize=8,
                        title="scheme", title_fontsize=8, **OUTSIDE)
-    return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)", drawn)
+    return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)", drawn, note)
 
 
 def _bandwidth_gbit(text) -> float:
@@ -328,6 +347,7 @@ def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     for title, rows in _facets(table):
         for topology in _topology_order(rows):
             panels.append((f"{title}, {topology_words(topology)}", rows[rows["topology"] == topology]))
+    panels, note = _within_budget(panels)
     fig, axes = _figure(len(panels))
     drawn = []
     for ax, (title, rows) in zip(axes, panels):
@@ -345,7 +365,7 @@ def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
                ylim=(0, max(1.05, float(rows[["efficiency", "pred_efficiency"]].max().max()) * 1.05)))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8, **OUTSIDE)
-    return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted", drawn)
+    return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted", drawn, note)
 
 
 def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
@@ -357,7 +377,7 @@ def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         return None
     table = _with_series(table)
     colours = _colours(table)
-    panels = _facets(table)
+    panels, note = _within_budget(_facets(table))
     fig, axes = _figure(len(panels))
     drawn = []
     for ax, (title, rows) in zip(axes, panels):
@@ -379,7 +399,7 @@ def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.set(title=title, xlabel="", ylabel="iteration time (ms): median, p10–p90")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, **OUTSIDE)
-    return _save(fig, out_dir, "iteration_spread", "Iteration time and its spread (lower is better)", drawn)
+    return _save(fig, out_dir, "iteration_spread", "Iteration time and its spread (lower is better)", drawn, note)
 
 
 def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
@@ -396,7 +416,7 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     ok = (ok.groupby(tables.CONFIG_KEYS, dropna=False, sort=True)[["measured", "predicted"]].median().reset_index())
     ok = _with_series(ok)
     colours = _colours(ok)
-    panels = _facets(ok)
+    panels, note = _within_budget(_facets(ok))
     fig, axes = _figure(len(panels))
     drawn = []
     for ax, (title, rows) in zip(axes, panels):
@@ -415,7 +435,7 @@ def prediction_scatter(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, "prediction", "Performance model: predicted vs measured (labels: nodes × workers)",
-                 drawn)
+                 drawn, note)
 
 
 def timeline_runs(frame: pd.DataFrame) -> pd.DataFrame:
