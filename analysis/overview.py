@@ -36,6 +36,10 @@ DIMENSIONS: dict[str, str] = {
 # model and device, which get a grid each).
 TOPOLOGY_AXIS = ("nodes", "workers_per_node")
 OTHER_AXIS = ("batch_per_worker", "bandwidth", "latency")
+# A cell's clear mark, and the key that explains the marks wherever the matrix is drawn.
+CLEAR_MARKS = {True: "✓", False: "~", None: "?"}
+MATRIX_KEY = ("winner, margin over the runner-up, ✓ beyond the run-to-run spread, ~ within it (not a clear win); "
+              "◆ the model predicted this winner, ◇X it predicted X")
 AXIS_WORDS = {"nodes": "nodes", "workers_per_node": "workers/node", "batch_per_worker": "batch/worker",
               "bandwidth": "bandwidth", "latency": "latency"}
 
@@ -54,6 +58,16 @@ class MatrixCell:
     margin_pct: float
     clear: bool | None
     predicted: str | None
+
+    @property
+    def margin_text(self) -> str:
+        """'+6%' over the runner-up, or 'only' where no other scheme ranked."""
+        return "only" if missing(self.margin_pct) else f"+{self.margin_pct:.0f}%"
+
+    @property
+    def clear_mark(self) -> str:
+        """✓ beyond the run-to-run spread, ~ within it, ? unknown."""
+        return CLEAR_MARKS[self.clear]
 
 
 @dataclass

@@ -1,12 +1,15 @@
-"""The campaign's HTML report: one self-contained page, readable offline and archivable.
+"""The campaign's HTML report: one page, readable offline and archivable with its folder.
 
 ``build_report(out_dir)`` reads ``out_dir/results.sqlite``, refreshes the performance model's
 prediction of every stored run with the campaign's current calibration (written back to the
 store), (re)writes the tables under ``tables/`` (the study's also as LaTeX) and the figures
-under ``figures/``, and writes ``report.html`` with the figures
-embedded as base64 PNG, the tables as HTML, the environment the runs saw, the failures with
-their error tails, and how to read it all.  The page loads nothing from elsewhere (no CDN,
-no script), so it renders the same on an air-gapped cluster and in a browser test.
+under ``figures/``, and writes ``report.html``: the verdict matrix first (`analysis.overview`),
+then the verdict of each topology (at most `SPELLED_OUT_TOPOLOGIES`), the figures (embedded as
+base64 PNG up to `EMBED_LIMIT_BYTES`, so a campaign of ordinary size is one self-contained
+file; linked as the files under ``figures/`` beyond it), the tables as HTML, the environment
+the runs saw, the failures with their error tails, and how to read it all.  The page loads
+nothing from elsewhere (no CDN, no script), so it renders the same on an air-gapped cluster
+and in a browser test.
 
 The page is the Jinja2 template ``analysis/templates/report.html.j2`` (its building blocks in
 ``report_macros.html.j2``, its stylesheet ``report.css`` inlined): this module turns the
@@ -42,7 +45,7 @@ if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pand
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, FileSystemLoader, StrictUndefined  # noqa: E402
 
-from analysis import figures, tables, verdict
+from analysis import figures, overview, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
 from analysis.rendering import display_frame, flatten_columns, float_format, missing
@@ -50,6 +53,14 @@ from analysis.store import CampaignBusy, CampaignLock, ResultStore, StoreError, 
 
 REPORT_FILENAME = "report.html"
 ERROR_TAIL_LINES = 40
+# The page's verdict matrix: more room than a terminal's screen, still bounded at any size.
+MATRIX_BUDGET = {"max_rows": 60, "max_columns": 8, "max_grids": 6}
+# Topologies whose ranked schemes and causes the page spells out (evenly chosen beyond it; all
+# of them are in tables/verdict.csv and `dlcompare summary DIR --where ...`).
+SPELLED_OUT_TOPOLOGIES = 24
+# Figures are embedded in the page up to this many bytes of PNG in all, and beyond it linked as
+# the files under figures/ (a sweep's page stays small enough to open at once).
+EMBED_LIMIT_BYTES = 1_500_000
 
 FIGURE_TEXT: dict[str, tuple[str, str]] = {
     # name: (caption, alt text)
@@ -205,9 +216,10 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def figure_view(name: str, path: Path) -> dict:
-    """A figure for the page: the PNG as base64, its size, caption and alt text, and its drawn
-    series (``<name>.json``) as JSON for ``data-series``."""
+def figure_view(name: str, path: Path, embed: bool = True) -> dict:
+    """A figure for the page: the PNG as a base64 data URI (`embed`) or as its file's path
+    relative to the page, its size, caption and alt text, and its drawn series
+    (``<name>.json``) as JSON for ``data-series``."""
     path = Path(path)
     data = path.read_bytes()
     width, height = png_size(data)
@@ -215,12 +227,21 @@ def figure_view(name: str, path: Path) -> dict:
     sidecar = path.with_suffix(".json")
     series = json.loads(sidecar.read_text(encoding="utf-8")).get("series", []) if sidecar.exists() else []
     return {"name": name, "wide": name in WIDE_FIGURES, "series": json.dumps(series),
-            "data": base64.b64encode(data).decode("ascii"), "width": width, "height": height,
+            "src": ("data:image/png;base64," + base64.b64encode(data).decode("ascii")) if embed
+            else f"{path.parent.name}/{path.name}", "width": width, "height": height,
             "caption": caption, "alt": alt}
 
 
-def figure_views(names, made: dict[str, Path]) -> list[dict]:
-    return [figure_view(name, made[name]) for name in names if name in made]
+def figure_views(names, shown: dict[str, dict]) -> list[dict]:
+    """The figures among `names` that were drawn, from `shown_figures`' views."""
+    return [shown[name] for name in names if name in shown]
+
+
+def shown_figures(made: dict[str, Path]) -> dict[str, dict]:
+    """Every drawn figure's view: embedded in the page while all of them together stay under
+    `EMBED_LIMIT_BYTES` (one self-contained file), else linked as the files beside it."""
+    embed = sum(path.stat().st_size for path in made.values()) <= EMBED_LIMIT_BYTES
+    return {name: figure_view(name, path, embed) for name, path in made.items()}
 
 
 def _unique(series: pd.Series) -> list[str]:
@@ -373,10 +394,10 @@ def header_view(out_dir: Path, frame: pd.DataFrame, meta: dict) -> dict:
             "facts": [(key, text_of(value)) for key, value in facts]}
 
 
-def table_section(name: str, table: pd.DataFrame, figure_names: list[str], made: dict[str, Path]) -> dict:
+def table_section(name: str, table: pd.DataFrame, figure_names: list[str], shown: dict[str, dict]) -> dict:
     """A report section: its figures, what the table means, the table, links to its files."""
     return {"name": name, "title": tables.TABLE_TITLES[name], "description": tables.TABLE_DESCRIPTIONS[name],
-            "figures": figure_views(figure_names, made), "table": table_view(table)}
+            "figures": figure_views(figure_names, shown), "table": table_view(table)}
 
 
 def verdict_row(row: pd.Series) -> dict:
@@ -395,14 +416,40 @@ def verdict_row(row: pd.Series) -> dict:
             "cause": text_of(row["cause_text"]), "flags": text_of(row["flags"]) if row["flags"] else ""}
 
 
-def verdict_views(table: pd.DataFrame) -> list[dict]:
-    """The answer first: per topology the headline and the ranked schemes with their causes."""
+def verdict_views(table: pd.DataFrame) -> tuple[list[dict], int]:
+    """Per topology the headline and the ranked schemes with their causes, for at most
+    `SPELLED_OUT_TOPOLOGIES` evenly chosen topologies; and how many were left out."""
+    found = verdict.verdicts(table)
+    shown = overview.evenly(found, SPELLED_OUT_TOPOLOGIES)
     return [{"title": item.title, "headline": item.headline,
-             "rows": [verdict_row(row) for _, row in item.rows.iterrows()]}
-            for item in verdict.verdicts(table)]
+             "rows": [verdict_row(row) for _, row in item.rows.iterrows()]} for item in shown], len(found) - len(shown)
 
 
-def layers_view(table: pd.DataFrame, made: dict[str, Path]) -> dict:
+def matrix_cell_view(cell: overview.MatrixCell | None) -> dict | None:
+    """A matrix cell for the page: the winner in its colour, margin, clear mark, the model's pick."""
+    if cell is None:
+        return None
+    return {"winner": cell.winner, "colour": scheme_colour(cell.framework, cell.mode), "margin": cell.margin_text,
+            "mark": cell.clear_mark, "clear": cell.clear is True,
+            "predicted": "" if cell.predicted is None else "◆" if cell.predicted == cell.winner
+            else f"◇ {cell.predicted}"}
+
+
+def matrix_view(table: pd.DataFrame) -> dict:
+    """The overview: per model and device a grid of topologies (swept dimensions as its axes),
+    each cell the winner; then the win counts per scheme."""
+    grids, grids_left_out = overview.verdict_matrix(table, **MATRIX_BUDGET)
+    wins = overview.win_counts(table)
+    return {"grids": [{"title": g.title, "row_axis": g.row_axis, "column_axis": g.column_axis, "columns": g.columns,
+                       "rows": [(row, [matrix_cell_view(g.cells.get((row, c))) for c in g.columns]) for row in g.rows],
+                       "rows_left_out": g.rows_left_out, "columns_left_out": g.columns_left_out} for g in grids],
+            "grids_left_out": grids_left_out, "key": overview.MATRIX_KEY,
+            "wins": [{"series": r["series"], "colour": scheme_colour(r["framework"], r["mode"]), "wins": int(r["wins"]),
+                      "clear": int(r["clear"]), "agrees": int(r["model_agrees"]), "predicted": int(r["predicted"])}
+                     for _, r in wins.iterrows()]}
+
+
+def layers_view(table: pd.DataFrame, shown: dict[str, dict]) -> dict:
     """Backward per layer: the figure, then per model a table of layers × scheme and topology."""
     models = []
     for model, rows in table.groupby("model", sort=True):
@@ -413,7 +460,7 @@ def layers_view(table: pd.DataFrame, made: dict[str, Path]) -> dict:
         wide.columns = [str(c) if c != "layer" else "layer (backward order)" for c in wide.columns]
         models.append((model, table_view(wide, raw_headers=True)))
     return {"title": tables.TABLE_TITLES["layers"], "description": tables.TABLE_DESCRIPTIONS["layers"],
-            "figures": figure_views(["layers"], made), "models": models}
+            "figures": figure_views(["layers"], shown), "models": models}
 
 
 def failures_view(frame: pd.DataFrame, failures: pd.DataFrame) -> dict:
@@ -433,9 +480,9 @@ def environment_view(frame: pd.DataFrame, meta: dict) -> dict:
             "settings": table_view(settings) if len(settings) else None}
 
 
-def model_view(built: dict[str, pd.DataFrame], made: dict[str, Path]) -> dict:
+def model_view(built: dict[str, pd.DataFrame], shown: dict[str, dict]) -> dict:
     """The performance model: figures, error per scheme, per configuration, calibration."""
-    return {"figures": figure_views(("prediction", "timeline"), made),
+    return {"figures": figure_views(("prediction", "timeline"), shown),
             "tables": [{"name": name, "title": tables.TABLE_TITLES[name],
                         "description": tables.TABLE_DESCRIPTIONS[name], "table": table_view(built[name])}
                        for name in ("prediction_summary", "prediction", "calibration")],
@@ -464,14 +511,16 @@ TEMPLATES = Environment(loader=FileSystemLoader(Path(__file__).with_name("templa
 def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str, pd.DataFrame],
                 made: dict[str, Path]) -> str:
     """The whole page as a string."""
+    shown = shown_figures(made)
+    spelled_out, left_out = verdict_views(built["verdict"])
     return TEMPLATES.get_template("report.html.j2").render(
         campaign=meta.get("campaign") or out_dir.resolve().name, header=header_view(out_dir, frame, meta),
-        nav=NAV, verdicts=verdict_views(built["verdict"]),
-        table_sections=[table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], made),
-                        table_section("phases", built["phases"], ["phases"], made),
-                        table_section("scaling", built["scaling"], ["scaling", "bandwidth"], made),
-                        table_section("runs", built["runs"], [], made)],
-        layers=layers_view(built["layers"], made), model=model_view(built, made), study=study_view(frame, built),
+        nav=NAV, matrix=matrix_view(built["verdict"]), verdicts=spelled_out, verdicts_left_out=left_out,
+        table_sections=[table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], shown),
+                        table_section("phases", built["phases"], ["phases"], shown),
+                        table_section("scaling", built["scaling"], ["scaling", "bandwidth"], shown),
+                        table_section("runs", built["runs"], [], shown)],
+        layers=layers_view(built["layers"], shown), model=model_view(built, shown), study=study_view(frame, built),
         failures=failures_view(frame, built["failures"]), environment=environment_view(frame, meta))
 
 

@@ -41,7 +41,6 @@ NUMERIC = {"Batch", "img/s", "S(N)", "E(N)"}
 WRAPPING = {"Scheme": 11, "Model": 8, "Iter ms [p10–p90]": 13}
 SCREEN_LINES = 40  # the overview of any campaign fits this many terminal lines
 MATRIX_CELL_WIDTH = 18  # characters per matrix column, for choosing how many fit the terminal
-CLEAR_MARKS = {True: "✓", False: "~", None: "?"}
 CAPTION = ("Scheme: framework (mode); N×W nodes × workers per node, Batch per worker, img/s over all workers; iteration time median [p10–p90] over "
            "timed repeats; speedup S(N) = N·t(1)/t(N) against the one-worker run, efficiency E(N) = S/N")
 
@@ -167,8 +166,7 @@ def _matrix_cell(cell: overview.MatrixCell | None, letters: dict[str, str]) -> T
     if cell is None:
         return Text("—", style="dim")
     text = Text(letters.get(cell.winner, "?"), style=f"bold {scheme_colour(cell.framework, cell.mode)}")
-    margin = "only" if missing(cell.margin_pct) else f"+{cell.margin_pct:.0f}%"
-    text.append(f" {margin} {CLEAR_MARKS[cell.clear]}", style="" if cell.clear else "dim")
+    text.append(f" {cell.margin_text} {cell.clear_mark}", style="" if cell.clear else "dim")
     if cell.predicted is not None:
         text.append(" ◆" if cell.predicted == cell.winner else f" ◇{letters.get(cell.predicted, '?')}",
                     style="" if cell.predicted == cell.winner else "yellow")
@@ -206,8 +204,7 @@ def matrix_renderables(table: pd.DataFrame, width: int = 80) -> list:
         key.append(letter, style=f"bold {_colour_of(table, name)}")
         key.append(f" {name}  ")
     out.append(key)
-    out.append(Text("winner, margin over the runner-up, ✓ beyond the run-to-run spread, ~ within it (not a clear win); "
-                    "◆ the model predicted this winner, ◇X it predicted X", style="dim"))
+    out.append(Text(overview.MATRIX_KEY, style="dim"))
     out.append(Text("wins: " + "; ".join(f"{letters[r['series']]} {r['wins']} ({r['clear']} clear)"
                                          for _, r in wins.iterrows())))
     return out

@@ -138,7 +138,7 @@ def test_report_in_headless_chromium(tmp_path):
 def inspect(page, shot: Path) -> dict:
     """What the test checks on one report page."""
     found = {"headings": page.eval_on_selector_all("h2", "hs => hs.map(h => h.textContent)"),
-             "verdict_titles": page.eval_on_selector_all("#verdict h3", "hs => hs.map(h => h.textContent)"),
+             "verdict_titles": page.eval_on_selector_all("#verdict > h3", "hs => hs.map(h => h.textContent)"),
              "headlines": page.eval_on_selector_all("#verdict p.headline", "ps => ps.map(p => p.textContent)"),
              "scaling": series_of(page, "scaling")}
     page.screenshot(path=str(shot), full_page=True)
