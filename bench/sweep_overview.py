@@ -1,14 +1,16 @@
-"""Benchmark: the terminal overview of a sweep at 100, 1,000 and 5,000 runs.
+"""Benchmark: the overview and the report of a sweep at 100, 1,000 and 5,000 runs.
 
-    python -m bench.sweep_overview [--sizes 100,1000,5000] [--rounds 3]
+    python -m bench.sweep_overview [--sizes 100,1000,5000] [--rounds 3] [--report-sizes 100,1000]
 
 Builds a throw-away store per size (two schemes swept over per-worker batch on three
 topologies, `tests.test_analysis_data.sweep_records`), then times `dlcompare summary DIR` as a
 user runs it: a fresh interpreter per round (imports included), the median of `--rounds`.
 Prints per size the store's build time, the summary's median time and range, its time per
-run and its line count.  Targets: under 2 s at 1,000 runs, at most `SCREEN_LINES` lines at
-every size, and a cost that grows no faster than linearly (from 1,000 to 5,000 runs the time at
-most 5 × the 1,000-run time); exit 1 when one is missed.
+run and its line count; then, for `--report-sizes`, one `dlcompare report DIR` each: its
+time, report.html's size, the folder's size without the store, the largest figure side.
+Targets: summary under 2 s and report under 15 s at 1,000 runs, at most `SCREEN_LINES`
+lines at every size, a summary cost that grows no faster than linearly, report.html under
+5 MB, the folder under 10 MB, no figure side over `MAX_PX`; exit 1 when one is missed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from core.cli import OneLineParser, listed
 from core.envs import REPO_ROOT, reexec_in_host_env
 
 SUMMARY_TARGET_S = 2.0  # at 1,000 runs
+REPORT_TARGET_S = 15.0  # at 1,000 runs
+PAGE_TARGET_BYTES = 5_000_000
+FOLDER_TARGET_BYTES = 10_000_000
 TARGET_SIZE = 1000
 
 
@@ -50,22 +55,64 @@ def time_summary(folder: Path) -> tuple[float, int]:
     return elapsed, len(done.stdout.splitlines())
 
 
+def time_report(folder: Path) -> dict:
+    """One `python -m analysis.report DIR` in a fresh interpreter: its seconds, the page's and
+    the folder's bytes (the store left out) and the largest figure side in pixels."""
+    from analysis.report import png_size
+
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "analysis.report", str(folder)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - started
+    if done.returncode:
+        raise SystemExit(f"bench: report of {folder} failed: {done.stderr.strip()}")
+    files = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("results.sqlite")]
+    sides = [max(png_size(p.read_bytes())) for p in (folder / "figures").glob("*.png")]
+    return {"seconds": elapsed, "page": (folder / "report.html").stat().st_size,
+            "folder": sum(p.stat().st_size for p in files), "largest_px": max(sides, default=0)}
+
+
+def report_lines(sizes: list[int], folders: dict[int, Path]) -> list[str]:
+    """Build and measure the report at each size; returns the targets missed."""
+    from analysis.figures import MAX_PX
+
+    missed = []
+    print(f"\n{'runs':>6} {'report s':>9} {'page MB':>8} {'folder MB':>10} {'largest px':>11}")
+    for size in sizes:
+        got = time_report(folders[size])
+        print(f"{size:>6} {got['seconds']:>9.1f} {got['page'] / 1e6:>8.2f} {got['folder'] / 1e6:>10.2f} "
+              f"{got['largest_px']:>11}")
+        if size == TARGET_SIZE and got["seconds"] > REPORT_TARGET_S:
+            missed.append(f"report of {size} runs: {got['seconds']:.1f} s (target {REPORT_TARGET_S:.0f} s)")
+        if got["page"] > PAGE_TARGET_BYTES or got["folder"] > FOLDER_TARGET_BYTES:
+            missed.append(f"report of {size} runs: page {got['page'] / 1e6:.1f} MB, folder "
+                          f"{got['folder'] / 1e6:.1f} MB (targets 5 and 10 MB)")
+        if got["largest_px"] > MAX_PX:
+            missed.append(f"report of {size} runs: a figure {got['largest_px']} px on a side")
+    return missed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m bench.sweep_overview", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,5000", help="comma-separated run counts")
     parser.add_argument("--rounds", type=int, default=3, help="fresh-interpreter summaries per size")
+    parser.add_argument("--report-sizes", default="100,1000", help="sizes whose report is built and measured ('' for none)")
     args = parser.parse_args(argv)
     reexec_in_host_env("bench.sweep_overview", sys.argv[1:] if argv is None else argv)
     from analysis.summary import SCREEN_LINES
 
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    report_sizes = sorted(int(s) for s in args.report_sizes.split(",") if s)
+    folders: dict[int, Path] = {}
     medians: dict[int, float] = {}
     missed = []
     print(f"{'runs':>6} {'store s':>8} {'summary s [min–max]':>22} {'ms/run':>7} {'lines':>6}")
     with tempfile.TemporaryDirectory(prefix="dlcompare-sweep-") as scratch:
-        for size in sizes:
-            folder = Path(scratch) / f"sweep{size}"
+        for size in sorted(set(sizes) | set(report_sizes)):
+            folders[size] = folder = Path(scratch) / f"sweep{size}"
             stored = make_store(folder, size)
+            if size not in sizes:
+                continue
             timed = [time_summary(folder) for _ in range(args.rounds)]
             seconds = [t for t, _ in timed]
             lines = max(n for _, n in timed)
@@ -74,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'':>3} {1e3 * medians[size] / size:>7.2f} {lines:>6}")
             if lines > SCREEN_LINES:
                 missed.append(f"{size} runs: {lines} lines (target {SCREEN_LINES})")
+        missed += report_lines(report_sizes, folders)
     if TARGET_SIZE in medians and medians[TARGET_SIZE] > SUMMARY_TARGET_S:
         missed.append(f"{TARGET_SIZE} runs: {medians[TARGET_SIZE]:.2f} s (target {SUMMARY_TARGET_S} s)")
     for small, large in zip(sizes, sizes[1:]):

@@ -4,7 +4,11 @@ filter is one line and exit 2)."""
 
 from __future__ import annotations
 
+import html.parser
 import io
+import json
+import re
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +16,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis import overview, summary, verdict
+from analysis import figures, overview, report, summary, verdict
 from analysis.store import ResultStore
 from tests.test_analysis_data import make_campaign, sweep_records
 
@@ -100,3 +104,86 @@ def test_a_bad_filter_is_one_line_and_exit_2(sweep, text, words):
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stdout == ""
+
+
+# --------------------------------------------------------------------------- the report of a sweep
+
+@pytest.fixture(scope="module")
+def sweep_report(sweep, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sweep_report")
+    shutil.copy(sweep / "results.sqlite", folder / "results.sqlite")
+    return folder, report.build_report(folder)
+
+
+class _MatrixReader(html.parser.HTMLParser):
+    """The report's verdict matrix as rows of cell texts (header cells included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth, self.rows, self.cell = 0, [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "div" and ("id", "verdict-matrix") in attrs:
+            self.depth = 1
+        elif tag == "div" and self.depth:
+            self.depth += 1
+        elif self.depth and tag == "tr":
+            self.rows.append([])
+        elif self.depth and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self.depth:
+            self.depth -= 1
+        elif self.depth and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(self.cell.strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+@pytest.mark.slow  # builds a 216-run report
+def test_a_sweeps_figures_stay_within_bounds_and_say_what_they_left_out(sweep_report):
+    folder, _ = sweep_report
+    pngs = sorted((folder / "figures").glob("*.png"))
+    assert pngs
+    for png in pngs:
+        assert max(report.png_size(png.read_bytes())) <= figures.MAX_PX, png.name
+    # 36 batch sizes × 3 topologies would be 108 throughput panels: the budget keeps 12, both schemes in each
+    throughput = json.loads((folder / "figures" / "throughput.json").read_text())
+    assert throughput["left_out"].startswith(f"{figures.MAX_PANELS} of {3 * len(BATCHES)} panels")
+    assert len(throughput["series"]) == 2 * figures.MAX_PANELS
+    names = {entry["name"].split(" · ")[0] for entry in throughput["series"]}
+    assert names == {"PyTorch DDP", "MXNet (dist_sync)"}
+
+
+@pytest.mark.slow  # builds a 216-run report
+def test_the_report_opens_with_the_verdict_matrix(sweep_report):
+    reader = _MatrixReader()
+    reader.feed(sweep_report[1].read_text(encoding="utf-8"))
+    header, *rows = reader.rows
+    assert header[1:] == ["1×1", "1×2", "2×1"] and len(rows) == len(BATCHES)
+    for label, *cells in rows:
+        expected = "PyTorch DDP" if int(label[1:]) < 100 else "MXNet (dist_sync)"
+        assert all(cell.startswith(expected) and cell.endswith("◆") for cell in cells), (label, cells)
+
+
+@pytest.mark.slow  # builds a 216-run report
+def test_the_report_spells_out_a_bounded_number_of_topologies(sweep_report):
+    text = sweep_report[1].read_text(encoding="utf-8")
+    verdict_section = text[text.index('id="verdict"'):text.index('id="how-to-read"')]
+    assert verdict_section.count('<p class="headline">') == report.SPELLED_OUT_TOPOLOGIES
+    assert f"{3 * len(BATCHES) - report.SPELLED_OUT_TOPOLOGIES} more are in tables/verdict.csv" in verdict_section
+
+
+@pytest.mark.slow  # builds a 216-run report
+def test_a_sweeps_page_links_its_figures_as_files_once_they_outgrow_one_page(sweep_report):
+    folder, page = sweep_report
+    drawn = sum(png.stat().st_size for png in (folder / "figures").glob("*.png"))
+    assert drawn > report.EMBED_LIMIT_BYTES  # the fixture is large enough to test the limit
+    sources = re.findall(r'<img src="([^"]+)"', page.read_text(encoding="utf-8"))
+    assert sources and all((folder / src).is_file() for src in sources), sources
+    assert page.stat().st_size < drawn
+
