@@ -18,15 +18,19 @@ stay readable.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import multiprocessing
 import os
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -34,28 +38,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from PIL import Image  # noqa: E402 - matplotlib's own dependency
 
-from analysis import tables  # noqa: E402
+from analysis import tables, verdict  # noqa: E402
 from analysis.overview import evenly  # noqa: E402
 from analysis.palette import scheme_colour  # noqa: E402
 from analysis.rendering import missing  # noqa: E402
-from analysis.units import UnitError, parse_bandwidth  # noqa: E402
+from analysis.units import UnitError, parse_bandwidth, parse_latency  # noqa: E402
 from core.cli import interrupts_held, leave_interrupts_to_the_parent  # noqa: E402
 
 DPI = 120
 PANEL_SIZE = (6.4, 4.4)
 FACET_KEYS = ["model", "device", "batch_per_worker"]
-FIGURE_NAMES = ("throughput", "phases", "scaling", "bandwidth", "iteration_spread", "prediction", "timeline",
-                "layers")
-# Drawn only for campaigns that have what they show: `bandwidth` needs multi-node runs on
-# emulated links (--cluster emulated --bandwidth); every other figure any campaign with a
-# successful profiled run has.
-OPTIONAL_FIGURES = frozenset({"bandwidth"})
 TIMELINE_PANELS = 4
 # Bounded at any campaign size: at most this many panels per figure (evenly chosen beyond it,
 # the title says how many were left out) and never more pixels than this on either side.
 MAX_PANELS = 12
 MAX_PX = 4000
+PALETTE_COLOURS = 256  # figures are written as palette PNGs
 BAR_HEIGHT_IN = 0.34  # inches per horizontal bar
 MAX_LAYER_LABELS = 40  # layer names written under the per-layer figure's axis, at most
 VISIBLE_SHARE = 0.003  # a phase below this share of the longest stack everywhere is not in the legend
@@ -77,10 +77,22 @@ def _with_series(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
     if "workers_per_node" not in table.columns:
         table["workers_per_node"] = pd.to_numeric(table["world_size"]) // pd.to_numeric(table["nodes"]).fillna(1)
+    links = [_links(b, lat) for b, lat in zip(_column(table, "bandwidth"), _column(table, "latency"))]
     return table.assign(
         series=[series_name(lb, m) for lb, m in zip(table["framework_label"], table["mode"])],
         colour=[scheme_colour(f, m) for f, m in zip(table["framework"], table["mode"])],
-        topology=[tables.topology_short(n, w) for n, w in zip(table["nodes"], table["workers_per_node"])])
+        links=links,
+        topology=[tables.topology_short(n, w) + (f" · {link}" if link else "")
+                  for n, w, link in zip(table["nodes"], table["workers_per_node"], links)])
+
+
+def _column(table: pd.DataFrame, name: str) -> pd.Series:
+    return table[name] if name in table.columns else pd.Series([None] * len(table), index=table.index)
+
+
+def _links(bandwidth, latency) -> str:
+    """'1Gbit 100us' for a run on emulated links, '' for one without."""
+    return " ".join(str(v) for v in (bandwidth, latency) if not missing(v) and str(v).strip())
 
 
 def _colours(table: pd.DataFrame) -> dict[str, str]:
@@ -89,17 +101,23 @@ def _colours(table: pd.DataFrame) -> dict[str, str]:
 
 
 def _topology_order(table: pd.DataFrame) -> list[str]:
-    """Topologies as (nodes, workers per node) in numeric order: 1×1, 1×2, 1×4, 2×1, 2×2."""
-    pairs = {(int(n) if not missing(n) else 1, int(w) if not missing(w) else 0)
-             for n, w in zip(table["nodes"], table["workers_per_node"])}
-    return [tables.topology_short(n, w) for n, w in sorted(pairs)]
+    """Topologies (with their emulated links, a run on 1 Gbit/s and one on 10 Gbit/s being two)
+    in numeric order: 1×1, 1×2, 1×4, 2×1 · 1Gbit, 2×1 · 10Gbit, 2×2 ..."""
+    keys = {}
+    for label, n, w, b, lat in zip(table["topology"], table["nodes"], table["workers_per_node"],
+                                   _column(table, "bandwidth"), _column(table, "latency")):
+        keys[label] = (1 if missing(n) else int(n), 0 if missing(w) else int(w),
+                       0.0 if math.isnan(_bandwidth_gbit(b)) else _bandwidth_gbit(b),
+                       0.0 if math.isnan(_latency_ms(lat)) else _latency_ms(lat))
+    return sorted(keys, key=keys.get)
 
 
 def topology_words(topology: str) -> str:
-    """'1×2' -> '1 node × 2 workers'."""
-    nodes, _, workers = topology.partition("×")
+    """'1×2' -> '1 node × 2 workers'; '2×1 · 1Gbit 100us' -> '2 nodes × 1 worker, 1Gbit 100us'."""
+    shape, _, links = topology.partition(" · ")
+    nodes, _, workers = shape.partition("×")
     return (f"{nodes} node{'' if nodes == '1' else 's'} × "
-            f"{workers} worker{'' if workers == '1' else 's'}")
+            f"{workers} worker{'' if workers == '1' else 's'}" + (f", {links}" if links else ""))
 
 
 def _facets(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -158,9 +176,24 @@ def save_figure(fig, path: str | Path, title: str) -> Path:
     fig.suptitle(title, fontsize=13, fontweight="bold")
     # however many panels, never more than MAX_PX on a side: a larger figure is drawn finer
     dpi = min(DPI, MAX_PX / max(fig.get_size_inches()))
-    fig.savefig(path, dpi=dpi, facecolor="white")  # constrained layout: laid out in this one draw
+    drawn = io.BytesIO()
+    fig.savefig(drawn, format="png", dpi=dpi, facecolor="white")  # constrained layout: laid out in this one draw
     plt.close(fig)
+    with Image.open(drawn) as image:
+        palette_image(image).save(path, format="PNG", optimize=True, dpi=(dpi, dpi))
     return path
+
+
+def palette_image(image):
+    """`image` in its `PALETTE_COLOURS` most frequent colours, each pixel the nearest of them:
+    a chart's flat areas (bars, bands, the background) keep their exact colour, so a scheme's
+    colour can still be found in the pixels, and the file is about a third of the RGB one."""
+    rgb = image.convert("RGB")
+    counted = sorted(rgb.getcolors(maxcolors=rgb.width * rgb.height), reverse=True)[:PALETTE_COLOURS]
+    entries = [channel for _, colour in counted for channel in colour]
+    palette = Image.new("P", (1, 1))
+    palette.putpalette(entries + entries[:3] * (PALETTE_COLOURS - len(counted)))
+    return rgb.quantize(palette=palette, dither=Image.Dither.NONE)
 
 
 def _series_entry(name: str, colour, points) -> dict:
@@ -288,7 +321,8 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
         top = max(workers + [2])
         ceiling = 1.5 * top  # a wildly superlinear point (a slow baseline) must not flatten the rest
         ax.plot([1, top], [1, top], linestyle="--", color="grey", linewidth=1.2)
-        for (name, nodes), line in rows.sort_values("world_size").groupby(["series", "nodes"], sort=True):
+        for (name, nodes, links), line in rows.sort_values("world_size").groupby(["series", "nodes", "links"],
+                                                                                 sort=True):
             style, marker = styles[int(nodes)]
             speedup = line["speedup"].astype(float)
             ax.plot(line["world_size"].astype(float), speedup.clip(upper=ceiling), marker=marker,
@@ -297,7 +331,8 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
                 if value > ceiling:
                     ax.annotate(f"S = {value:.1f} ↑", (float(world), ceiling), textcoords="offset points",
                                 xytext=(6, -12), fontsize=8, color=colours[name])
-            drawn.append(_series_entry(f"{name} · {int(nodes)} node{'' if int(nodes) == 1 else 's'}", colours[name],
+            nodes_text = f"{int(nodes)} node{'' if int(nodes) == 1 else 's'}" + (f" {links}" if links else "")
+            drawn.append(_series_entry(f"{name} · {nodes_text}", colours[name],
                                        [[int(w), s] for w, s in zip(line["world_size"], line["speedup"])]))
         ax.set_xticks(sorted(set(workers) | {1}))
         ax.set(title=title, xlabel="workers N (all nodes)", ylabel="speedup S(N) = N·t(1) / t(N)",
@@ -315,6 +350,35 @@ def scaling_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
     return _save(fig, out_dir, "scaling", "Weak scaling (fixed per-worker batch)", drawn, note)
 
 
+# --------------------------------------------------------------------------- sweeps
+
+@dataclass(frozen=True)
+class Sweep:
+    """A numeric dimension a campaign can sweep, drawn as an x axis."""
+
+    column: str  # the verdict table's column
+    axis: str  # the x axis label
+    min_values: int  # fewer distinct values than this: the bars and the matrix show it
+    log: bool  # a log x axis (links span decades)
+    implied: tuple[str, ...] = ()  # columns the x value and the facet fix between them
+
+
+# Workers and nodes need three values: with two, the scaling figure and the bars show them.
+SWEEPS: dict[str, Sweep] = {
+    "batch": Sweep("batch_per_worker", "per-worker batch", 2, False),
+    "workers": Sweep("world_size", "workers N (all nodes)", 3, False, ("workers_per_node",)),
+    "nodes": Sweep("nodes", "nodes", 3, False, ("world_size",)),
+    "bandwidth": Sweep("bandwidth", "link bandwidth (Gbit/s, emulated)", 2, True),
+    "latency": Sweep("latency", "link latency (ms, emulated)", 2, True),
+}
+# What a column of a sweep figure may be split by: the swept dimensions the x axis leaves.
+# (The number of workers is the topology's nodes × workers per node, or the x axis itself.)
+SWEPT_COLUMNS = ("batch_per_worker", "nodes", "workers_per_node", "bandwidth", "latency")
+SWEEP_METRICS = (("images_per_s", "images / s (all workers)"), ("efficiency", "efficiency E = S / N"),
+                 ("comm_ms", "exposed communication (ms)"))
+SWEEP_PANEL = (4.6, 3.1)
+
+
 def _bandwidth_gbit(text) -> float:
     """'1Gbit' -> 1.0, '200Mbit' -> 0.2 (Gbit/s); NaN for an unshaped run."""
     if missing(text) or not str(text).strip():
@@ -325,47 +389,168 @@ def _bandwidth_gbit(text) -> float:
         return math.nan
 
 
-def bandwidth_curves(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
-    """Efficiency against the emulated link's bandwidth, one colour per scheme: measured
-    (solid, filled) and the performance model's prediction (dashed, hollow) from the same
-    one-worker baseline; one panel per model, device, batch and nodes × workers per node."""
-    table = tables.configs_with_speedup(frame)
-    if table.empty or "bandwidth" not in table.columns:
-        return None
-    table = table.assign(gbit=[_bandwidth_gbit(b) for b in table["bandwidth"]])
-    table = table[table["gbit"].notna() & table["efficiency"].notna()]
+def _latency_ms(text) -> float:
+    """'5ms' -> 5.0, '200us' -> 0.2; NaN for an unshaped run."""
+    if missing(text) or not str(text).strip():
+        return math.nan
+    try:
+        return parse_latency(str(text)) * 1e3
+    except UnitError:
+        return math.nan
+
+
+def _sweep_x(column: str, values: pd.Series) -> pd.Series:
+    """The x value of each row: links as numbers, missing where a run was not shaped."""
+    if column == "bandwidth":
+        return values.map(_bandwidth_gbit)
+    if column == "latency":
+        return values.map(_latency_ms)
+    return pd.to_numeric(values, errors="coerce")
+
+
+def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The verdict table (one row per configuration) with what a sweep figure draws: the
+    p10-p90 band of throughput and efficiency, and the model's prediction of the three."""
+    table = verdict.verdict_table(frame)
     if table.empty:
+        return table
+    iter_ms, p10, p90 = (pd.to_numeric(table[c], errors="coerce") for c in ("iter_ms", "iter_ms_p10", "iter_ms_p90"))
+    predicted = pd.to_numeric(table["predicted_iter_ms"], errors="coerce")
+    one_worker = pd.to_numeric(table["world_size"], errors="coerce") == 1
+    baseline = pd.to_numeric(table["baseline_iter_ms"], errors="coerce").where(~one_worker, iter_ms)
+    throughput = pd.to_numeric(table["images_per_s"], errors="coerce")
+    efficiency = pd.to_numeric(table["efficiency"], errors="coerce").where(~one_worker, 1.0)
+    images = throughput * iter_ms  # images per iteration (× 1000): the global batch, whatever the time
+    return _with_series(table.assign(
+        images_per_s=throughput, efficiency=efficiency, comm_ms=pd.to_numeric(table["comm_ms"], errors="coerce"),
+        images_per_s_low=throughput * iter_ms / p90, images_per_s_high=throughput * iter_ms / p10,
+        efficiency_low=efficiency * iter_ms / p90, efficiency_high=efficiency * iter_ms / p10,
+        images_per_s_pred=images / predicted, efficiency_pred=baseline / predicted,
+        comm_ms_pred=pd.to_numeric(table["comm_model_ms"], errors="coerce")))
+
+
+def swept(table: pd.DataFrame) -> list[str]:
+    """The `SWEEPS` the campaign swept: a dimension with at least its `min_values` distinct
+    values within one model, device and combination of the other dimensions."""
+    found = []
+    for name, sweep in SWEEPS.items():
+        x = _sweep_x(sweep.column, table[sweep.column])
+        rest = _facet_columns(table, sweep)
+        counts = table.assign(_x=x).dropna(subset=["_x"]).groupby(["model", "device", *rest], dropna=False)["_x"]
+        if x.notna().any() and counts.nunique().max() >= sweep.min_values:
+            found.append(name)
+    return found
+
+
+def _facet_columns(table: pd.DataFrame, sweep: Sweep) -> list[str]:
+    """The swept columns the x axis leaves that vary in `table`: a column of panels each."""
+    left = [c for c in SWEPT_COLUMNS if c != sweep.column and c not in sweep.implied]
+    return [c for c in left if table[c].astype(str).nunique() > 1]
+
+
+def _facet_title(model, device, columns: list[str], values: tuple) -> str:
+    parts = [f"{model} on {device}"]
+    for column, value in zip(columns, values):
+        if column == "batch_per_worker":
+            parts.append(f"batch {_workers(value)}/worker")
+        elif column == "nodes":
+            parts.append(f"{_workers(value)} node{'' if str(value) == '1' else 's'}")
+        elif column == "workers_per_node":
+            parts.append(f"{_workers(value)} worker{'' if str(value) == '1' else 's'}/node")
+        elif missing(value) or not str(value):
+            parts.append(f"{column} unshaped")
+        else:
+            parts.append(str(value))
+    if "bandwidth unshaped" in parts and "latency unshaped" in parts:
+        parts = [p for p in parts if p not in ("bandwidth unshaped", "latency unshaped")] + ["no emulated link"]
+    return "\n".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+
+
+def _scheme_difference(rows: pd.DataFrame) -> float:
+    """How far apart the schemes are in a facet: the median over x of fastest / slowest."""
+    spread = rows.groupby("_x")["images_per_s"].agg(lambda v: v.max() / v.min() if v.min() > 0 else math.nan)
+    return float(spread.median()) if spread.notna().any() else 0.0
+
+
+def _sweep_facets(table: pd.DataFrame, sweep: Sweep) -> tuple[list[tuple[str, pd.DataFrame]], str]:
+    """(title, rows) per column of panels, at most `MAX_PANELS` // 3 of them: beyond it those
+    where the schemes differ most, in their own order; and the note on what was left out."""
+    columns = _facet_columns(table, sweep)
+    keys = ["model", "device", *columns]
+    facets = [(_facet_title(key[0], key[1], columns, key[2:]), rows)
+              for key, rows in table.groupby(keys, dropna=False, sort=True) if rows["_x"].nunique() >= 2]
+    budget = MAX_PANELS // len(SWEEP_METRICS)
+    if len(facets) <= budget:
+        return facets, ""
+    ranked = sorted(range(len(facets)), key=lambda i: -_scheme_difference(facets[i][1]))[:budget]
+    return ([facets[i] for i in sorted(ranked)],
+            f"{budget} of {len(facets)} columns: where the schemes differ most; the tables hold all")
+
+
+def sweep_lines(frame: pd.DataFrame, out_dir: str | Path, dimension: str) -> Path | None:
+    """Throughput, efficiency and exposed communication (rows of panels) against a swept
+    dimension: one line per scheme in its colour with its p10-p90 band, the model's
+    prediction dashed with hollow markers; one column of panels per combination of the
+    dimensions left.  None where the campaign did not sweep `dimension` (see `swept`)."""
+    sweep = SWEEPS[dimension]
+    table = sweep_table(frame)
+    if table.empty or dimension not in swept(table):
         return None
-    predicted = tables.ok_runs(tables.prepare(frame))
-    predicted = (predicted.assign(pred=pd.to_numeric(predicted.get("predicted_iter_time"), errors="coerce") * 1e3)
-                 .groupby(tables.CONFIG_KEYS, dropna=False, sort=True)["pred"].median().reset_index())
-    table = table.merge(predicted, on=tables.CONFIG_KEYS, how="left")
-    table = table.assign(pred_efficiency=table["baseline_iter_ms"] / table["pred"])
-    table = _with_series(table)
+    table = table.assign(_x=_sweep_x(sweep.column, table[sweep.column])).dropna(subset=["_x"])
+    facets, note = _sweep_facets(table, sweep)
     colours = _colours(table)
-    panels = []
-    for title, rows in _facets(table):
-        for topology in _topology_order(rows):
-            panels.append((f"{title}, {topology_words(topology)}", rows[rows["topology"] == topology]))
-    panels, note = _within_budget(panels)
-    fig, axes = _figure(len(panels))
+    fig, grid = plt.subplots(len(SWEEP_METRICS), len(facets), squeeze=False, layout="constrained",
+                             figsize=(SWEEP_PANEL[0] * len(facets) + 2.2, SWEEP_PANEL[1] * len(SWEEP_METRICS)))
     drawn = []
-    for ax, (title, rows) in zip(axes, panels):
-        for name, line in rows.sort_values("gbit").groupby("series", sort=True):
-            x = line["gbit"].astype(float)
-            ax.plot(x, line["efficiency"].astype(float), marker="o", color=colours[name], linewidth=2,
-                    label=f"{name} measured")
-            drawn.append(_series_entry(f"{name} · {line['topology'].iloc[0]} measured", colours[name],
-                                       zip(x, line["efficiency"])))
-            if line["pred_efficiency"].notna().any():
-                ax.plot(x, line["pred_efficiency"].astype(float), marker="o", markerfacecolor="white",
-                        linestyle="--", color=colours[name], linewidth=1.5, label=f"{name} predicted")
-        ax.set_xscale("log")
-        ax.set(title=title, xlabel="link bandwidth (Gbit/s, emulated)", ylabel="efficiency E = S / N",
-               ylim=(0, max(1.05, float(rows[["efficiency", "pred_efficiency"]].max().max()) * 1.05)))
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8, **OUTSIDE)
-    return _save(fig, out_dir, "bandwidth", "Efficiency against link bandwidth: measured and predicted", drawn, note)
+    for col, (title, rows) in enumerate(facets):
+        for row, (metric, label) in enumerate(SWEEP_METRICS):
+            ax = grid[row, col]
+            drawn += _sweep_panel(ax, rows, metric, colours, title)
+            ax.set(xlabel=sweep.axis if row == len(SWEEP_METRICS) - 1 else "", ylabel=label if col == 0 else "")
+            if row == 0:
+                ax.set_title(title, fontsize=9)
+            _sweep_axis(ax, sorted(rows["_x"].unique()), sweep.log)
+    _scheme_legend(grid[0, -1], {n: colours[n] for n in sorted(colours)}, fontsize=8, title="scheme",
+                   title_fontsize=8, **OUTSIDE)
+    grid[1, -1].legend(handles=[Line2D([], [], color="black", marker="o", label="measured (p10–p90 band)"),
+                                Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="--",
+                                       label="predicted by the model")], fontsize=8, **OUTSIDE)
+    return _save(fig, out_dir, f"sweep_{dimension}", f"Against {sweep.axis}: measured and predicted", drawn, note)
+
+
+def _sweep_panel(ax, rows: pd.DataFrame, metric: str, colours: dict[str, str], facet: str) -> list[dict]:
+    """One metric of one facet: per scheme its measured line and band and its prediction."""
+    drawn = []
+    for name, line in rows.sort_values("_x").groupby("series", sort=True):
+        x = line["_x"].astype(float)
+        colour = colours[name]
+        ax.plot(x, line[metric], marker="o", markersize=4, linewidth=1.8, color=colour)
+        if f"{metric}_low" in line.columns:
+            ax.fill_between(x, line[f"{metric}_low"], line[f"{metric}_high"], color=colour, alpha=0.15, linewidth=0)
+        drawn.append({**_series_entry(f"{name} · {facet} · {metric}", colour, zip(x, line[metric])),
+                      "scheme": name, "facet": facet, "metric": metric, "kind": "measured"})
+        predicted = line[f"{metric}_pred"]
+        if predicted.notna().any():
+            ax.plot(x, predicted, marker="o", markersize=4, markerfacecolor="white", linestyle="--", linewidth=1.2,
+                    color=colour)
+            drawn.append({**_series_entry(f"{name} · {facet} · {metric} predicted", colour, zip(x, predicted)),
+                          "scheme": name, "facet": facet, "metric": metric, "kind": "predicted"})
+    # nothing to show (one worker's exchange, a rounding error of the model's): a plain 0–1 axis
+    largest = pd.concat([rows[metric], rows[f"{metric}_pred"]]).abs().max()
+    ax.set_ylim(0, 1) if missing(largest) or largest < 1e-6 else ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, which="both")
+    return drawn
+
+
+def _sweep_axis(ax, values: list[float], log: bool) -> None:
+    """A log axis for links, and for a batch or worker count spanning more than 8×; the swept
+    values as ticks while there are few enough to read."""
+    if log or (values[0] > 0 and values[-1] / values[0] > 8):
+        ax.set_xscale("log", base=10 if log else 2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    if len(values) <= 10:
+        ax.set_xticks(values, [f"{v:g}" for v in values], fontsize=8)
+        ax.minorticks_off()
 
 
 def iteration_spread(frame: pd.DataFrame, out_dir: str | Path) -> Path | None:
@@ -547,12 +732,15 @@ FIGURES = {
     "throughput": throughput_bars,
     "phases": phase_bars,
     "scaling": scaling_curves,
-    "bandwidth": bandwidth_curves,
     "iteration_spread": iteration_spread,
     "prediction": prediction_scatter,
     "timeline": overlap_timeline,
     "layers": layer_lines,
+    **{f"sweep_{name}": partial(sweep_lines, dimension=name) for name in SWEEPS},
 }
+# Drawn only for the campaigns that have what they show: a sweep figure for each dimension the
+# campaign swept; every other figure any campaign with a successful profiled run has.
+OPTIONAL_FIGURES = frozenset(f"sweep_{name}" for name in SWEEPS)
 
 
 _SHARED_FRAME: pd.DataFrame | None = None  # what forked figure workers draw from

@@ -7,14 +7,16 @@ under ``figures/``, and writes ``report.html``: the verdict matrix first (`analy
 then the verdict of each topology (at most `SPELLED_OUT_TOPOLOGIES`), the figures (embedded as
 base64 PNG up to `EMBED_LIMIT_BYTES`, so a campaign of ordinary size is one self-contained
 file; linked as the files under ``figures/`` beyond it), the tables as HTML, the environment
-the runs saw, the failures with their error tails, and how to read it all.  The page loads
-nothing from elsewhere (no CDN, no script), so it renders the same on an air-gapped cluster
-and in a browser test.
+the runs saw, the failures with their error tails, and how to read it all.  A numeric
+dimension the campaign swept gets its own figure (`figures.SWEEPS`), right after the verdict.
+The page loads nothing from elsewhere (no CDN): its one script, ``templates/report.js``, is
+inlined and pages, sorts and filters the tables longer than `PAGE_ROWS` (without script they
+show every row), so it renders the same on an air-gapped cluster and in a browser test.
 
 The page is the Jinja2 template ``analysis/templates/report.html.j2`` (its building blocks in
-``report_macros.html.j2``, its stylesheet ``report.css`` inlined): this module turns the
-tables, figures and records into plain views (text already formatted), and the template,
-autoescaping every value, lays them out.
+``report_macros.html.j2``, its stylesheet ``report.css`` and script ``report.js`` inlined):
+this module turns the tables, figures and records into plain views (text already formatted),
+and the template, autoescaping every value, lays them out.
 
 CLI: ``python -m analysis.report DIR`` prints the report's path; a folder without a store
 gives a one-line error and exit status 2. When no campaign holds the folder, it first stores
@@ -60,7 +62,10 @@ MATRIX_BUDGET = {"max_rows": 60, "max_columns": 8, "max_grids": 6}
 SPELLED_OUT_TOPOLOGIES = 24
 # Figures are embedded in the page up to this many bytes of PNG in all, and beyond it linked as
 # the files under figures/ (a sweep's page stays small enough to open at once).
-EMBED_LIMIT_BYTES = 1_500_000
+EMBED_LIMIT_BYTES = 1_000_000
+# A table longer than this is shown a page of rows at a time, with a filter and sortable headers
+# (templates/report.js, inlined; without script every row shows).
+PAGE_ROWS = 50
 
 FIGURE_TEXT: dict[str, tuple[str, str]] = {
     # name: (caption, alt text)
@@ -99,9 +104,16 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
                "at its smallest topology (solid) and its largest (dashed).",
                "Line chart of backward time per layer, one colour per scheme, solid for the smallest and dashed "
                "for the largest topology."),
+    **{f"sweep_{name}": (f"Against {sweep.axis}, per scheme (its colour): images/s, efficiency against the "
+                         "scheme's one-worker run and communication left exposed after backward; measured as solid "
+                         "lines with the p10–p90 band of the iteration time, the performance model's prediction "
+                         "dashed with hollow markers; one column per combination of the other swept dimensions.",
+                         f"Three rows of line charts (throughput, efficiency, exposed communication) against "
+                         f"{sweep.axis}, one line per scheme, measured solid with a shaded band and predicted dashed.")
+       for name, sweep in figures.SWEEPS.items()},
 }
 # Figures that take the page's whole width (wide, with small print).
-WIDE_FIGURES = frozenset({"throughput", "phases", "timeline", "layers"})
+WIDE_FIGURES = frozenset({"throughput", "phases", "timeline", "layers", *(f"sweep_{n}" for n in figures.SWEEPS)})
 
 # --------------------------------------------------------------------------- small pieces
 
@@ -188,6 +200,11 @@ class TableView:
     constants: list[tuple[str, str]]
     headers: list[str]
     rows: list[list[Cell]]
+
+    @property
+    def paged(self) -> bool:
+        """Longer than one page: the page's script pages, sorts and filters it."""
+        return len(self.rows) > PAGE_ROWS
 
 
 def table_view(table: pd.DataFrame, raw_headers: bool = False) -> TableView | None:
@@ -430,7 +447,7 @@ def matrix_cell_view(cell: overview.MatrixCell | None) -> dict | None:
     if cell is None:
         return None
     return {"winner": cell.winner, "colour": scheme_colour(cell.framework, cell.mode), "margin": cell.margin_text,
-            "mark": cell.clear_mark, "clear": cell.clear is True,
+            "mark": cell.clear_mark, "is_clear": cell.clear is True,
             "predicted": "" if cell.predicted is None else "◆" if cell.predicted == cell.winner
             else f"◇ {cell.predicted}"}
 
@@ -445,7 +462,7 @@ def matrix_view(table: pd.DataFrame) -> dict:
                        "rows_left_out": g.rows_left_out, "columns_left_out": g.columns_left_out} for g in grids],
             "grids_left_out": grids_left_out, "key": overview.MATRIX_KEY,
             "wins": [{"series": r["series"], "colour": scheme_colour(r["framework"], r["mode"]), "wins": int(r["wins"]),
-                      "clear": int(r["clear"]), "agrees": int(r["model_agrees"]), "predicted": int(r["predicted"])}
+                      "clear_wins": int(r["clear"]), "agrees": int(r["model_agrees"]), "predicted": int(r["predicted"])}
                      for _, r in wins.iterrows()]}
 
 
@@ -498,9 +515,15 @@ def study_view(frame: pd.DataFrame, built: dict[str, pd.DataFrame] | None = None
                         for name, table in study.items() if name != "study_single"]}
 
 
-NAV = (("verdict", "Verdict"), ("how-to-read", "How to read this"), ("throughput", "Throughput"),
-       ("phases", "Phases"), ("scaling", "Scaling"), ("runs", "Runs"), ("layers", "Layers"), ("model", "Model"),
-       ("study", "Study tables"), ("failures", "Failures"), ("environment", "Environment"))
+def sweeps_view(shown: dict[str, dict]) -> list[dict]:
+    """The sweep figures drawn, one per dimension the campaign swept (`figures.SWEEPS`)."""
+    return figure_views([f"sweep_{name}" for name in figures.SWEEPS], shown)
+
+
+NAV = (("verdict", "Verdict"), ("sweeps", "Sweeps"), ("how-to-read", "How to read this"),
+       ("throughput", "Throughput"), ("phases", "Phases"), ("scaling", "Scaling"), ("runs", "Runs"),
+       ("layers", "Layers"), ("model", "Model"), ("study", "Study tables"), ("failures", "Failures"),
+       ("environment", "Environment"))
 
 # The page's template (and its stylesheet, inlined by it): every value escaped unless marked safe.
 TEMPLATES = Environment(loader=FileSystemLoader(Path(__file__).with_name("templates")), autoescape=True,
@@ -515,10 +538,11 @@ def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str,
     spelled_out, left_out = verdict_views(built["verdict"])
     return TEMPLATES.get_template("report.html.j2").render(
         campaign=meta.get("campaign") or out_dir.resolve().name, header=header_view(out_dir, frame, meta),
-        nav=NAV, matrix=matrix_view(built["verdict"]), verdicts=spelled_out, verdicts_left_out=left_out,
+        page_rows=PAGE_ROWS, nav=NAV, matrix=matrix_view(built["verdict"]), sweeps=sweeps_view(shown),
+        verdicts=spelled_out, verdicts_left_out=left_out,
         table_sections=[table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], shown),
                         table_section("phases", built["phases"], ["phases"], shown),
-                        table_section("scaling", built["scaling"], ["scaling", "bandwidth"], shown),
+                        table_section("scaling", built["scaling"], ["scaling"], shown),
                         table_section("runs", built["runs"], [], shown)],
         layers=layers_view(built["layers"], shown), model=model_view(built, shown), study=study_view(frame, built),
         failures=failures_view(frame, built["failures"]), environment=environment_view(frame, meta))

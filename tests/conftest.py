@@ -1,4 +1,5 @@
-"""Shared fixtures: the CLI as a user runs it, and the framework environments."""
+"""Shared fixtures: the CLI as a user runs it, the framework environments, and a 1,000-run
+sweep's report (built once, read by the overview and browser tests)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # from (without its packages: no pandas, no rich), as `python3 -m ...` from a clone is.
 USER_PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 BOOTSTRAP = ("DLCOMPARE_NO_BOOTSTRAP", "DLCOMPARE_HOST_ENV", "VIRTUAL_ENV")
+
+
+WIDE_SWEEP_RUNS = 1000
+
+
+@pytest.fixture(scope="session")
+def wide_sweep(tmp_path_factory) -> tuple[Path, Path, list[dict]]:
+    """A campaign of `WIDE_SWEEP_RUNS` runs swept along batch, workers and bandwidth
+    (`tests.test_analysis_data.wide_sweep_records`): its folder, its report and its records."""
+    from analysis import report
+    from tests.test_analysis_data import make_campaign, wide_sweep_records
+
+    records = wide_sweep_records(WIDE_SWEEP_RUNS)
+    folder = make_campaign(tmp_path_factory.mktemp("wide_sweep"), records)
+    return folder, report.build_report(folder), records
 
 
 def cli_command(*args: str, env: dict | None = None,

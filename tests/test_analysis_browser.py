@@ -1,7 +1,8 @@
 """The report in a real headless Chromium: no console errors, every image decodes, the verdict
 comes first, scaling keeps 1 node × 2 workers and 2 nodes × 1 worker apart, a scheme has the
 same colour in two campaigns with different schemes (in the pixels, not only in the page's
-data), and every figure opens full size on click.
+data), and every figure opens full size on click; and a 1,000-run sweep's page loads with its
+verdict matrix, every linked figure decodes, and its long tables page, filter and sort.
 
 The campaigns are synthetic records written into real stores (fast); the browser is real.
 Uses the system Chromium (Debian package ``chromium``) through Playwright's Python API;
@@ -157,3 +158,59 @@ def inspect(page, shot: Path) -> dict:
         closed = figure.evaluate(ZOOM_STATE)
         found["zoom"][name] = (before, opened, closed)
     return found
+
+
+# The runs table's visible rows: how many, and the first visible row's run id (the last cell).
+VISIBLE_RUNS = """table => {
+  const shown = Array.from(table.tBodies[0].rows).filter(row => !row.hidden);
+  return {count: shown.length, first: shown.length ? shown[0].cells[shown[0].cells.length - 1].textContent : null,
+          ids: shown.map(row => row.cells[row.cells.length - 1].textContent)};
+}"""
+
+
+def test_a_1000_run_report_in_headless_chromium(wide_sweep):
+    """The sweep's page loads with no console error, shows the verdict matrix, every figure (linked
+    as files) decodes, and its long tables page, filter and sort."""
+    sync_playwright = _require_browser()
+    folder, page_path, records = wide_sweep
+    problems = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.on("requestfailed", lambda req: problems.append(req.url[:120]))
+            page.goto(page_path.as_uri(), wait_until="load")
+            matrix_cells = page.eval_on_selector_all("#verdict-matrix td.cell", "cells => cells.length")
+            matrix_shown = page.is_visible("#verdict-matrix table.matrix")
+            images = page.eval_on_selector_all(
+                "figure img", "imgs => imgs.map(i => [i.closest('figure').id, i.complete && i.naturalWidth > 0])")
+            runs = page.query_selector("#runs table.paged")
+            tools = page.locator("#runs .table-tools")
+            first_page = runs.evaluate(VISIBLE_RUNS)
+            first_count = tools.locator(".count").text_content()
+            tools.locator("button", has_text="next").click()
+            second_page = runs.evaluate(VISIBLE_RUNS)
+            tools.locator("input").fill("horovod-gloo-n2x2-b10-")
+            filtered, filtered_count = runs.evaluate(VISIBLE_RUNS), tools.locator(".count").text_content()
+            tools.locator("input").fill("")
+            page.click("#runs table.paged th:last-child")  # run id, ascending
+            ascending = runs.evaluate(VISIBLE_RUNS)
+            page.click("#runs table.paged th:last-child")
+            descending = runs.evaluate(VISIBLE_RUNS)
+        finally:
+            browser.close()
+
+    assert problems == [], problems
+    assert matrix_shown and matrix_cells > 100
+    assert {name for name, _ in images} >= {"figure-sweep_batch", "figure-sweep_workers", "figure-sweep_bandwidth",
+                                            "figure-throughput", "figure-scaling"}
+    assert all(ok for _, ok in images), images
+    ids = sorted(r["run_id"] for r in records)
+    assert first_page["count"] == report.PAGE_ROWS and first_count == f"rows 1–50 of {len(records)}"
+    assert second_page["count"] == report.PAGE_ROWS and second_page["first"] != first_page["first"]
+    assert sorted(filtered["ids"]) == ["horovod-gloo-n2x2-b10-10Gbit", "horovod-gloo-n2x2-b10-1Gbit"]
+    assert filtered_count == f"rows 1–2 of 2 ({len(records)} in all)"
+    assert ascending["ids"] == ids[:report.PAGE_ROWS]
+    assert descending["ids"] == ids[::-1][:report.PAGE_ROWS]

@@ -132,6 +132,38 @@ def sweep_records(batches, topologies=SWEEP_TOPOLOGIES) -> list[dict]:
     return records
 
 
+# A sweep along per-worker batch, workers and link bandwidth: three schemes on five topologies,
+# the two-node ones on two emulated links (21 runs per batch size).
+WIDE_SCHEMES = SWEEP_SCHEMES + (("Horovod", "horovod", "gloo"),)
+WIDE_TOPOLOGIES = ((1, 1, ""), (1, 2, ""), (1, 4, ""), (2, 1, "1Gbit"), (2, 1, "10Gbit"), (2, 2, "1Gbit"),
+                   (2, 2, "10Gbit"))
+# seconds of exposed exchange per iteration at 1 Gbit/s between nodes, per framework
+WIDE_EXCHANGE_S = {"torch": 0.030, "mxnet": 0.050, "horovod": 0.020}
+
+
+def wide_sweep_records(runs: int) -> list[dict]:
+    """`runs` records (the first of as many batch sizes as it takes) of `WIDE_SCHEMES` on
+    `WIDE_TOPOLOGIES`: DDP wins small batches on one node, MXNet large ones, Horovod small
+    batches on the slow link; the model's prediction is 10 % slower than measured throughout."""
+    per_batch = len(WIDE_SCHEMES) * len(WIDE_TOPOLOGIES)
+    records = []
+    for batch in range(2, 2 + 4 * -(-runs // per_batch), 4):
+        for nodes, per_node, bandwidth in WIDE_TOPOLOGIES:
+            world = nodes * per_node
+            for label, framework, mode in WIDE_SCHEMES:
+                t = sweep_time("mxnet" if framework == "mxnet" else "torch", batch, world)
+                t += 0.001 + 0.002 * (world - 1) if framework == "horovod" else 0.0  # its negotiation per step
+                if bandwidth:
+                    t += WIDE_EXCHANGE_S[framework] * (1.0 if bandwidth == "1Gbit" else 0.1)
+                run_id = f"{framework}-{mode}-n{nodes}x{per_node}-b{batch}{'-' + bandwidth if bandwidth else ''}"
+                records.append(make_record(label, framework, mode, world, t, run_id=run_id, config_hash=run_id,
+                                           nodes=nodes, workers_per_node=per_node, batch_per_worker=batch,
+                                           global_batch=batch * world, throughput=batch * world / t,
+                                           throughput_per_worker=batch / t, bandwidth=bandwidth or None,
+                                           latency="100us" if bandwidth else None))
+    return records[:runs]
+
+
 def make_campaign(out_dir: Path, records: list[dict] | None = None) -> Path:
     """A campaign folder with a filled result store; returns the folder."""
     from analysis.store import ResultStore

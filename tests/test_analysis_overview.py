@@ -8,7 +8,6 @@ import html.parser
 import io
 import json
 import re
-import shutil
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from rich.console import Console
 
 from analysis import figures, overview, report, summary, verdict
 from analysis.store import ResultStore
-from tests.test_analysis_data import make_campaign, sweep_records
+from tests.test_analysis_data import make_campaign, sweep_records, sweep_time
 
 BATCHES = [2 ** k for k in range(1, 7)] + [96 + 8 * k for k in range(30)]  # 36 batch sizes
 
@@ -106,14 +105,7 @@ def test_a_bad_filter_is_one_line_and_exit_2(sweep, text, words):
     assert done.stdout == ""
 
 
-# --------------------------------------------------------------------------- the report of a sweep
-
-@pytest.fixture(scope="module")
-def sweep_report(sweep, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sweep_report")
-    shutil.copy(sweep / "results.sqlite", folder / "results.sqlite")
-    return folder, report.build_report(folder)
-
+# --------------------------------------------------------------------------- the report of a 1,000-run sweep
 
 class _MatrixReader(html.parser.HTMLParser):
     """The report's verdict matrix as rows of cell texts (header cells included)."""
@@ -144,46 +136,139 @@ class _MatrixReader(html.parser.HTMLParser):
             self.cell += data
 
 
-@pytest.mark.slow  # builds a 216-run report
-def test_a_sweeps_figures_stay_within_bounds_and_say_what_they_left_out(sweep_report):
-    folder, _ = sweep_report
+def _winners(records: list[dict]) -> dict[tuple[str, str], str]:
+    """(matrix row label, topology) -> the scheme with the highest throughput, from the records."""
+    best = {}
+    for r in records:
+        links = f"{r['bandwidth'] or 'unshaped'} · {r['latency'] or '—'}"
+        key = (f"b{r['batch_per_worker']} · {links}", f"{r['nodes']}×{r['workers_per_node']}")
+        name = r["framework_label"] if r["mode"] == "ddp" else f"{r['framework_label']} ({r['mode']})"
+        if key not in best or r["throughput"] > best[key][0]:
+            best[key] = (r["throughput"], name)
+    return {key: name for key, (_, name) in best.items()}
+
+
+def _sidecar(folder, name: str) -> dict:
+    return json.loads((folder / "figures" / f"{name}.json").read_text())
+
+
+@pytest.mark.slow  # builds a 1,000-run report
+def test_a_sweeps_figures_stay_within_bounds_and_say_what_they_left_out(wide_sweep):
+    folder, _, records = wide_sweep
     pngs = sorted((folder / "figures").glob("*.png"))
-    assert pngs
+    assert len(pngs) >= 10
     for png in pngs:
         assert max(report.png_size(png.read_bytes())) <= figures.MAX_PX, png.name
-    # 36 batch sizes × 3 topologies would be 108 throughput panels: the budget keeps 12, both schemes in each
-    throughput = json.loads((folder / "figures" / "throughput.json").read_text())
-    assert throughput["left_out"].startswith(f"{figures.MAX_PANELS} of {3 * len(BATCHES)} panels")
-    assert len(throughput["series"]) == 2 * figures.MAX_PANELS
+    # 48 batch sizes × 7 topologies would be 336 throughput panels: the budget keeps 12
+    topologies = {(r["batch_per_worker"], r["nodes"], r["workers_per_node"], r["bandwidth"]) for r in records}
+    throughput = _sidecar(folder, "throughput")
+    assert throughput["left_out"].startswith(f"{figures.MAX_PANELS} of {len(topologies)} panels")
     names = {entry["name"].split(" · ")[0] for entry in throughput["series"]}
-    assert names == {"PyTorch DDP", "MXNet (dist_sync)"}
+    assert names == {"PyTorch DDP", "MXNet (dist_sync)", "Horovod (gloo)"}
 
 
-@pytest.mark.slow  # builds a 216-run report
-def test_the_report_opens_with_the_verdict_matrix(sweep_report):
+@pytest.mark.slow  # builds a 1,000-run report
+def test_each_swept_dimension_is_an_axis_with_a_line_per_scheme(wide_sweep):
+    folder, _, records = wide_sweep
+    drawn = {p.stem for p in (folder / "figures").glob("sweep_*.png")}
+    assert drawn == {"sweep_batch", "sweep_workers", "sweep_bandwidth"}  # one latency, two node counts
+    schemes = {"PyTorch DDP", "MXNet (dist_sync)", "Horovod (gloo)"}
+    for name in drawn:
+        measured = [s for s in _sidecar(folder, name)["series"] if s["kind"] == "measured"]
+        for (facet, metric), lines in pd.DataFrame(measured).groupby(["facet", "metric"]):
+            assert set(lines["scheme"]) <= schemes and lines["scheme"].is_unique, (name, facet, metric)
+            for points in lines["points"]:
+                x = [p[0] for p in points]
+                assert x == sorted(x) and len(x) >= 2, (name, facet, metric)
+    # batch: 4 of the 7 topologies (where the schemes differ most), each along every batch size
+    batch = _sidecar(folder, "sweep_batch")
+    assert batch["left_out"].startswith("4 of 7 columns")
+    ddp = {s["facet"]: s for s in batch["series"] if s["scheme"] == "PyTorch DDP" and s["metric"] == "images_per_s"
+           and s["kind"] == "measured"}
+    facet = next(f for f in ddp if "2 nodes, 1 worker/node, 1Gbit" in f)
+    run = next(r for r in records if r["run_id"] == "torch-ddp-n2x1-b10-1Gbit")
+    assert dict(map(tuple, ddp[facet]["points"]))[10] == pytest.approx(run["throughput"])
+    assert len(ddp[facet]["points"]) == len({r["batch_per_worker"] for r in records
+                                              if r["nodes"] == 2 and r["workers_per_node"] == 1})
+    # bandwidth: every scheme is more efficient on the faster link; the model's line beside it
+    efficiency = [s for s in _sidecar(folder, "sweep_bandwidth")["series"] if s["metric"] == "efficiency"]
+    for line in efficiency:
+        assert [p[0] for p in line["points"]] == [1.0, 10.0]
+        assert line["points"][0][1] < line["points"][1][1], line["name"]
+    assert {s["kind"] for s in efficiency} == {"measured", "predicted"}
+
+
+@pytest.mark.slow  # builds a 1,000-run report
+def test_the_report_opens_with_the_verdict_matrix(wide_sweep):
+    folder, page, records = wide_sweep
     reader = _MatrixReader()
-    reader.feed(sweep_report[1].read_text(encoding="utf-8"))
+    reader.feed(page.read_text(encoding="utf-8"))
     header, *rows = reader.rows
-    assert header[1:] == ["1×1", "1×2", "2×1"] and len(rows) == len(BATCHES)
+    assert header[1:] == ["1×1", "1×2", "1×4", "2×1", "2×2"]
+    assert len(rows) == report.MATRIX_BUDGET["max_rows"]
+    winners = _winners(records)
+    checked = 0
     for label, *cells in rows:
-        expected = "PyTorch DDP" if int(label[1:]) < 100 else "MXNet (dist_sync)"
-        assert all(cell.startswith(expected) and cell.endswith("◆") for cell in cells), (label, cells)
+        for topology, text in zip(header[1:], cells):
+            if (label, topology) in winners:
+                assert text.startswith(winners[label, topology]), (label, topology, text)
+                checked += 1
+            else:
+                assert text == "—", (label, topology, text)
+    assert checked > 100
+    # clear wins are marked in the cell's class and counted in the wins line
+    text = page.read_text(encoding="utf-8")
+    cells = re.findall(r'<td class="(cell(?: clear)?)">(.*?)</td>', text)
+    assert cells and all((kind == "cell clear") == ("✓" in body) for kind, body in cells)
+    wins = re.sub(r"<[^>]+>", "", re.search(r'<p class="wins">(.*?)</p>', text).group(1))
+    counted = re.findall(r"(\d+) \((\d+) clear", wins)
+    assert len(counted) == 3 and all(int(clear) <= int(won) for won, clear in counted), wins
 
 
-@pytest.mark.slow  # builds a 216-run report
-def test_the_report_spells_out_a_bounded_number_of_topologies(sweep_report):
-    text = sweep_report[1].read_text(encoding="utf-8")
-    verdict_section = text[text.index('id="verdict"'):text.index('id="how-to-read"')]
+@pytest.mark.slow  # builds a 1,000-run report
+def test_the_report_spells_out_a_bounded_number_of_topologies(wide_sweep):
+    _, page, records = wide_sweep
+    text = page.read_text(encoding="utf-8")
+    verdict_section = text[text.index('id="verdict"'):text.index('id="sweeps"')]
     assert verdict_section.count('<p class="headline">') == report.SPELLED_OUT_TOPOLOGIES
-    assert f"{3 * len(BATCHES) - report.SPELLED_OUT_TOPOLOGIES} more are in tables/verdict.csv" in verdict_section
+    topologies = len(_winners(records))
+    assert f"{topologies - report.SPELLED_OUT_TOPOLOGIES} more are in tables/verdict.csv" in verdict_section
 
 
-@pytest.mark.slow  # builds a 216-run report
-def test_a_sweeps_page_links_its_figures_as_files_once_they_outgrow_one_page(sweep_report):
-    folder, page = sweep_report
+@pytest.mark.slow  # builds a 1,000-run report
+def test_a_sweeps_page_and_folder_stay_small_and_link_the_figures(wide_sweep):
+    folder, page, _ = wide_sweep
     drawn = sum(png.stat().st_size for png in (folder / "figures").glob("*.png"))
     assert drawn > report.EMBED_LIMIT_BYTES  # the fixture is large enough to test the limit
     sources = re.findall(r'<img src="([^"]+)"', page.read_text(encoding="utf-8"))
     assert sources and all((folder / src).is_file() for src in sources), sources
-    assert page.stat().st_size < drawn
+    assert page.stat().st_size < 5_000_000
+    kept = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("results.sqlite")]
+    assert sum(p.stat().st_size for p in kept) < 10_000_000
 
+
+@pytest.mark.slow  # builds a 1,000-run store
+def test_the_summary_of_1000_runs_fits_one_screen(wide_sweep):
+    text, lines = printed(wide_sweep[0])
+    assert lines <= summary.SCREEN_LINES, text
+    assert "1,000 run(s): 1,000 ok" in text
+
+
+def test_a_sweep_with_one_scheme_and_a_missing_measurement_still_draws_its_axis(tmp_path):
+    records = [r for r in sweep_records([2, 4, 8, 16]) if r["framework"] == "torch"]
+    broken = next(r for r in records if r["run_id"] == "torch-ddp-n1x2-b8")
+    broken.update(iter_time_median=None, iter_time_p10=None, iter_time_p90=None, throughput=None)
+    folder = make_campaign(tmp_path / "one-scheme", records)
+    page = report.build_report(folder).read_text(encoding="utf-8")
+    assert "No numeric dimension was swept" not in page
+    lines = [s for s in _sidecar(folder, "sweep_batch")["series"]
+             if s["metric"] == "images_per_s" and s["kind"] == "measured"]
+    assert {s["scheme"] for s in lines} == {"PyTorch DDP"}
+    two_workers = next(s for s in lines if "1 node, 2 workers/node" in s["facet"])
+    measured = {x: y for x, y in two_workers["points"]}
+    assert list(measured) == [2.0, 4.0, 8.0, 16.0] and measured[8.0] is None  # a gap in the line
+    assert measured[4.0] == pytest.approx(4 * 2 / sweep_time("torch", 4, 2))
+    # one batch size: nothing swept, and the page says so
+    single = make_campaign(tmp_path / "single", [r for r in records if r["batch_per_worker"] == 4])
+    assert "No numeric dimension was swept" in report.build_report(single).read_text(encoding="utf-8")
+    assert not list((single / "figures").glob("sweep_*.png"))

@@ -194,8 +194,13 @@ def test_all_reduce_time_follows_the_calibrated_alpha_beta_model_at_two_bandwidt
     by_bw = {run["bandwidth"]: json.loads(run["extra_json"])["rank_comm_s"] for run in stored(out)
              if run["framework"] == "torch" and run["nodes"] == 2}
     assert min(by_bw["10Mbit"]) > 1.8 * min(by_bw["25Mbit"]), by_bw  # the cap is what limits
-    assert (out / "figures" / "bandwidth.png").stat().st_size > 10_000  # efficiency vs bandwidth
-    assert "Efficiency against the emulated link bandwidth" in (out / "report.html").read_text()
+    # the bandwidth sweep's figure: a line per scheme along the two link rates
+    assert (out / "figures" / "sweep_bandwidth.png").stat().st_size > 10_000
+    drawn = json.loads((out / "figures" / "sweep_bandwidth.json").read_text())["series"]
+    efficiency = [s for s in drawn if s["metric"] == "efficiency" and s["kind"] == "measured"]
+    assert {s["scheme"] for s in efficiency} == {"PyTorch DDP", "CNTK-style"}
+    assert all([x for x, _ in s["points"]] == pytest.approx([0.01, 0.025]) for s in efficiency), efficiency
+    assert "Against link bandwidth" in (out / "report.html").read_text()
     assert cluster_leftovers() == {}
 
 
