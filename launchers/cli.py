@@ -9,7 +9,7 @@ MODULE` keeps working the same.  This dispatcher parses with the standard librar
 the console script may run in any Python that has the package installed.  The launcher's
 commands (run, calibrate, images, check) parse their own arguments the same way and then move
 into the launcher's environment (envs/host.txt) themselves; the analysis commands (report,
-summary, predict) and `models` need its libraries (pandas, NumPy) to even be imported, so the
+summary, predict, diff) and `models` need its libraries (pandas, NumPy) to even be imported, so the
 dispatcher moves there first and then calls the module's `main`.
 """
 
@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "report": Subcommand("analysis.report", False, "rebuild a campaign's report.html, tables and figures"),
     "summary": Subcommand("analysis.summary", False, "print a campaign's verdict and summary table"),
     "predict": Subcommand("analysis.predict", False, "what-if: predict schemes at node counts and links you lack"),
+    "diff": Subcommand("analysis.diff", False, "campaign B against campaign A, configuration by configuration"),
     "calibrate": Subcommand("launchers.calibrate", True, "fit the communication model (alpha, beta, contention)"),
     "images": Subcommand("launchers.images", True, "build or list the per-framework container images"),
     "check": Subcommand("launchers.check", True, "compare loss, gradients and one step across frameworks"),

@@ -94,7 +94,7 @@ def test_environment_that_cannot_be_built(tmp_path):
     assert stored_ids(out) == ["kept"]
 
 
-@pytest.mark.parametrize("module", ["analysis.report", "analysis.summary", "analysis.predict"])
+@pytest.mark.parametrize("module", ["analysis.report", "analysis.summary", "analysis.predict", "analysis.diff"])
 def test_analysis_commands_run_from_any_python(tmp_path, module):
     """The README's `python3 -m analysis.report DIR` from a Python without pandas (a user's,
     CI's): the command moves itself into the host environment first, so a missing campaign
@@ -106,8 +106,8 @@ def test_analysis_commands_run_from_any_python(tmp_path, module):
     python = shutil.which("python3") or sys.executable
     env = {key: value for key, value in os.environ.items()
            if key not in ("DLCOMPARE_NO_BOOTSTRAP", "DLCOMPARE_HOST_ENV", "PYTHONPATH", "VIRTUAL_ENV")}
-    args = ["--from", str(tmp_path / "none"), "--model", "alexnet"] if module == "analysis.predict" \
-        else [str(tmp_path / "none")]
+    args = {"analysis.predict": ["--from", str(tmp_path / "none"), "--model", "alexnet"],
+            "analysis.diff": [str(tmp_path / "none"), str(tmp_path / "other")]}.get(module, [str(tmp_path / "none")])
     result = subprocess.run([python, "-m", module, *args], cwd=Path(__file__).resolve().parents[1],
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
