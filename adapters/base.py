@@ -62,6 +62,9 @@ class RunConfig:
     check: dict | None = None  # equivalence mode: {"steps": n, "out_dir": path}
     # calibration mode (launchers/calibrate.py): {"sizes": [bytes], "repeats": n, "warmup": n}
     calibrate: dict | None = None
+    # which separate launch of its configuration this run is (1..launches): it ran in that
+    # round of the campaign's interleaved order (launchers/plan.py: `in_rounds`)
+    launch: int = 1
 
     @property
     def world_size(self) -> int:

@@ -8,26 +8,24 @@ versions and the git revision are shown side by side, not matched: a new driver,
 version or machine is what an A/B comparison is for.  Configurations only one campaign has are
 listed, never dropped silently.
 
-Per matched configuration: the median iteration time in A and in B (over every timed repeat
-of every run of it), the change of B against A in per cent (positive: B is slower), the
-10th-90th percentile of the ratios of B's repeats to A's, and a two-sided Mann-Whitney U test
-(`scipy.stats.mannwhitneyu`) of the two sets of repeat times at `--level`: *beyond noise* where
-p < level; *within noise* otherwise; *too few repeats* where no outcome could reach the level
-(with 3 repeats each the smallest two-sided p is 0.1; 4 each are needed for 0.05).  The
-repeats are within-launch samples: a difference between two launches of the same code (the
-machine's state) also shows as "beyond noise", so a CI gate should compare campaigns measured
-under the same conditions.
+Per matched configuration: the median iteration time in A and in B (over its launches, each
+launch's median), the change of B against A in per cent (positive: B is slower) with its
+interval, and the test every verdict uses (`analysis.noise`), fitted over the launches of both
+campaigns, each with its own rounds: *beyond noise* where the interval excludes no change;
+*within noise* otherwise; *too few launches* where neither campaign measured its noise between
+launches (every configuration ran once: run them with ``--launches 2`` or more).  What differs
+between A and B as a whole (a machine, a driver) is what a diff measures; each campaign's own
+drift between its rounds is removed.
 
 Writes ``diff.csv``, ``diff.md`` and ``diff.png`` (the change per configuration with its
 spread, in each scheme's colour) under ``--out`` (default ``B/diff``), prints the table, and
 with ``--fail-above PCT`` exits 1 when a configuration is slower by more than PCT % and not
-within noise (beyond it, or too few repeats to tell).  A folder without a store, or two
+within noise (beyond it, or too few launches to tell).  A folder without a store, or two
 campaigns with no configuration in common: one line, exit 2.  Nothing stored is changed.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -41,64 +39,60 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from scipy import stats  # noqa: E402
 
-from analysis import figures, tables  # noqa: E402
+from analysis import figures, noise, tables  # noqa: E402
 from analysis.palette import scheme_colour  # noqa: E402
 from analysis.rendering import markdown_document, missing  # noqa: E402
 from analysis.store import ResultStore, StoreError  # noqa: E402
 
 MATCH_KEYS: list[str] = ["framework", "mode", "model", "nodes", "workers_per_node", "batch_per_worker",
                          "bandwidth", "latency", "dtype"]
-LEVEL = 0.05
-VERDICTS = {True: "beyond noise", False: "within noise", None: "too few repeats"}
+VERDICTS = {True: "beyond noise", False: "within noise", None: "too few launches"}
 DIFF_COLUMNS = ["scheme", "model", "topology", "batch_per_worker", "links", "a_ms", "b_ms", "change_pct",
-                "change_p10_pct", "change_p90_pct", "a_repeats", "b_repeats", "p_value", "beyond_noise", "verdict"]
+                "change_low_pct", "change_high_pct", "a_launches", "b_launches", "p_value", "beyond_noise", "verdict"]
 
 
 class DiffError(ValueError):
     """Two campaigns that cannot be compared (nothing in common)."""
 
 
-def _repeats(frame: pd.DataFrame) -> pd.Series:
-    """Each run's timed repeats (seconds per iteration); its median alone for a record without."""
-    column = frame["extra_repeat_times"] if "extra_repeat_times" in frame.columns else [None] * len(frame)
-    return pd.Series([[float(t) for t in tables.json_list(times)] or [float(median)]
-                      for times, median in zip(column, frame["iter_time_median"])], index=frame.index)
+def _matched_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """A campaign's successful runs with a time, keyed on `MATCH_KEYS` (float32 where unsaid)."""
+    ok = tables.ok_runs(tables.prepare(frame))
+    ok = ok[pd.to_numeric(ok["iter_time_median"], errors="coerce").notna()]
+    ok = ok.assign(dtype=ok["dtype"].fillna("float32") if "dtype" in ok else "float32")
+    for column in ("bandwidth", "latency"):
+        ok[column] = ok[column].fillna("").astype(str)
+    return ok
 
 
 def configurations(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration of a campaign's successful runs: its keys and all its repeats."""
-    ok = tables.ok_runs(tables.prepare(frame))
-    ok = ok[pd.to_numeric(ok["iter_time_median"], errors="coerce").notna()]
+    """One row per configuration of a campaign's successful runs: its keys, label, launches."""
+    ok = _matched_runs(frame)
     if ok.empty:
-        return pd.DataFrame(columns=[*MATCH_KEYS, "framework_label", "repeats"])
-    ok = ok.assign(repeats=_repeats(ok), dtype=ok["dtype"].fillna("float32") if "dtype" in ok else "float32")
-    for column in ("bandwidth", "latency"):
-        ok[column] = ok[column].fillna("").astype(str)
+        return pd.DataFrame(columns=[*MATCH_KEYS, "framework_label", "launch_times", "key"])
     grouped = ok.groupby(MATCH_KEYS, dropna=False, sort=True)
-    return grouped.agg(framework_label=("framework_label", "first"),
-                       repeats=("repeats", lambda lists: [t for times in lists for t in times])).reset_index()
+    table = grouped.agg(framework_label=("framework_label", "first"),
+                        launch_times=("iter_time_median", lambda times: [float(t) for t in times])).reset_index()
+    return table.assign(key=[noise.config_key(r, MATCH_KEYS) for r in table.to_dict("records")])
 
 
-def smallest_p(n_a: int, n_b: int) -> float:
-    """The smallest two-sided p the exact rank test can give for samples of these sizes."""
-    return min(1.0, 2 / math.comb(n_a + n_b, n_a))
+def compare(a_key: str, b_key: str, a_times: list[float], b_times: list[float], fitted: noise.Noise,
+            level: float = noise.LEVEL) -> dict:
+    """B against A: medians over launches (ms), the change in % with its interval, the test."""
+    found = noise.compare(f"A:{a_key}", f"B:{b_key}", fitted, level)  # A's throughput over B's: B's time over A's
+    a_ms, b_ms = 1e3 * float(np.median(a_times)), 1e3 * float(np.median(b_times))
+    return {"a_ms": a_ms, "b_ms": b_ms, "change_pct": 100 * (b_ms / a_ms - 1),
+            "change_low_pct": 100 * (found.low - 1), "change_high_pct": 100 * (found.high - 1),
+            "a_launches": len(a_times), "b_launches": len(b_times), "p_value": found.p_value,
+            "beyond_noise": found.beyond, "verdict": VERDICTS[found.beyond]}
 
 
-def compare(a: list[float], b: list[float], level: float = LEVEL) -> dict:
-    """B against A: medians (ms), change in %, its p10-p90 over repeat pairs, the rank test."""
-    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    ratios = (b_arr[:, None] / a_arr[None, :]).ravel()
-    testable = smallest_p(len(a), len(b)) < level
-    p_value = float(stats.mannwhitneyu(a_arr, b_arr, alternative="two-sided").pvalue) if testable else math.nan
-    beyond = (p_value < level) if testable else None
-    return {"a_ms": 1e3 * float(np.median(a_arr)), "b_ms": 1e3 * float(np.median(b_arr)),
-            "change_pct": 100 * (float(np.median(b_arr)) / float(np.median(a_arr)) - 1),
-            "change_p10_pct": 100 * (float(np.percentile(ratios, 10)) - 1),
-            "change_p90_pct": 100 * (float(np.percentile(ratios, 90)) - 1),
-            "a_repeats": len(a), "b_repeats": len(b), "p_value": p_value, "beyond_noise": beyond,
-            "verdict": VERDICTS[beyond]}
+def fit_both(a_frame: pd.DataFrame, b_frame: pd.DataFrame) -> noise.Noise:
+    """The between-launch noise of both campaigns' launches, each with its own rounds."""
+    rows = [noise.launch_rows(_matched_runs(frame), side, MATCH_KEYS)
+            for side, frame in (("A:", a_frame), ("B:", b_frame))]
+    return noise.fit(pd.concat(rows, ignore_index=True))
 
 
 def _label(row) -> str:
@@ -109,7 +103,8 @@ def _label(row) -> str:
     return " · ".join(parts + ([links] if links else []))
 
 
-def diff_table(a_frame: pd.DataFrame, b_frame: pd.DataFrame, level: float = LEVEL) -> tuple[pd.DataFrame, list, list]:
+def diff_table(a_frame: pd.DataFrame, b_frame: pd.DataFrame,
+               level: float = noise.LEVEL) -> tuple[pd.DataFrame, list, list]:
     """The matched configurations' comparison (`DIFF_COLUMNS` plus `beyond_noise`, `framework`),
     and the labels of those only A and only B have.  DiffError when none match."""
     a, b = configurations(a_frame), configurations(b_frame)
@@ -121,9 +116,10 @@ def diff_table(a_frame: pd.DataFrame, b_frame: pd.DataFrame, level: float = LEVE
     if both.empty:
         raise DiffError(f"no configuration in common: A has {listed(only['left_only']) or 'none'}; "
                         f"B has {listed(only['right_only']) or 'none'}")
+    fitted = fit_both(a_frame, b_frame)
     rows = []
     for _, row in both.iterrows():
-        found = compare(row["repeats_a"], row["repeats_b"], level)
+        found = compare(row["key_a"], row["key_b"], row["launch_times_a"], row["launch_times_b"], fitted, level)
         rows.append({"scheme": tables.series_name(row["framework_label_a"], row["mode"]), "model": row["model"],
                      "topology": tables.topology_short(row["nodes"], row["workers_per_node"]),
                      "batch_per_worker": int(row["batch_per_worker"]),
@@ -156,7 +152,7 @@ def regressions(table: pd.DataFrame, above_pct: float) -> pd.DataFrame:
 
 
 def draw(table: pd.DataFrame, path: Path) -> Path:
-    """The change of each configuration (B against A) as a horizontal bar with its p10-p90."""
+    """The change of each configuration (B against A) as a horizontal bar with its interval."""
     labels = [" · ".join(v for v in (r["scheme"], r["model"], r["topology"], f"b{r['batch_per_worker']}", r["links"])
                          if v) for _, r in table.iterrows()]
     fig, (ax,) = figures.new_panels(1)
@@ -164,15 +160,16 @@ def draw(table: pd.DataFrame, path: Path) -> Path:
     y = range(len(table))
     colours = [scheme_colour(f, m) for f, m in zip(table["framework"], table["mode"])]
     ax.barh(list(y), table["change_pct"], color=colours, height=0.6,
-            xerr=[table["change_pct"] - table["change_p10_pct"], table["change_p90_pct"] - table["change_pct"]],
+            xerr=[(table["change_pct"] - table["change_low_pct"]).fillna(0),
+                  (table["change_high_pct"] - table["change_pct"]).fillna(0)],
             error_kw={"ecolor": "#333333", "capsize": 3})
     for k, (_, r) in zip(y, table.iterrows()):
         mark = {True: "beyond noise", False: "", None: "?"}[r["beyond_noise"]]
-        ax.annotate(mark, (max(r["change_p90_pct"], 0), k), xytext=(4, -3), textcoords="offset points", fontsize=7)
+        ax.annotate(mark, (max(r["change_high_pct"] if not missing(r["change_high_pct"]) else r["change_pct"], 0), k), xytext=(4, -3), textcoords="offset points", fontsize=7)
     ax.axvline(0, color="black", linewidth=1)
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set(xlabel="iteration time, B against A (%; right: B slower), p10–p90 of repeat ratios")
+    ax.set(xlabel="iteration time, B against A (%; right: B slower), with its interval over launches")
     ax.grid(axis="x", alpha=0.3)
     return figures.save_figure(fig, path, "B against A, per configuration")
 
@@ -191,12 +188,13 @@ def write_files(table: pd.DataFrame, sides: pd.DataFrame, out: Path) -> list[Pat
 def print_diff(table: pd.DataFrame, sides: pd.DataFrame, only_a: list, only_b: list, console: Console) -> None:
     """The comparison table, what only one side has, and the environments side by side."""
     grid = Table(title="B against A (iteration time; + is slower)")
-    for header in ("Scheme", "Model", "N×W", "Batch", "A ms", "B ms", "Change [p10–p90]", "Verdict"):
+    for header in ("Scheme", "Model", "N×W", "Batch", "A ms", "B ms", "Launches", "Change [interval]", "Verdict"):
         grid.add_column(header, justify="right" if header in ("Batch", "A ms", "B ms") else "left")
     for _, r in table.iterrows():
         grid.add_row(r["scheme"], r["model"], f"{r['topology']} {r['links']}".strip(), str(r["batch_per_worker"]),
-                     f"{r['a_ms']:.1f}", f"{r['b_ms']:.1f}",
-                     f"{r['change_pct']:+.1f}% [{r['change_p10_pct']:+.1f}, {r['change_p90_pct']:+.1f}]",
+                     f"{r['a_ms']:.1f}", f"{r['b_ms']:.1f}", f"{r['a_launches']}/{r['b_launches']}",
+                     f"{r['change_pct']:+.1f}%" + ("" if missing(r["change_low_pct"]) else
+                                                   f" [{r['change_low_pct']:+.1f}, {r['change_high_pct']:+.1f}]"),
                      f"{r['verdict']}" + (f" (p={r['p_value']:.3f})" if not missing(r["p_value"]) else ""))
     console.print(grid)
     for side, labels in (("A", only_a), ("B", only_b)):
@@ -204,8 +202,8 @@ def print_diff(table: pd.DataFrame, sides: pd.DataFrame, only_a: list, only_b: l
             console.print(f"only in {side} ({len(labels)}): {listed(labels)}")
     few = table[table["beyond_noise"].isna()]
     if len(few):
-        console.print(f"{len(few)} configuration(s) with too few repeats for the rank test at this level: "
-                      "run them with --repeats 4 or more")
+        console.print(f"{len(few)} configuration(s) with too few launches to measure the noise between them: "
+                      "run the campaigns with --launches 2 or more")
     environment = Table(title="Environments")
     for header in ("", "A", "B"):
         environment.add_column(header)
@@ -216,7 +214,7 @@ def print_diff(table: pd.DataFrame, sides: pd.DataFrame, only_a: list, only_b: l
 
 def _runs(folder: str) -> pd.DataFrame:
     with ResultStore.for_campaign(folder, create=False) as store:
-        return store.runs_frame()
+        return store.campaign_frame()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("b", metavar="B", help="the campaign compared with it")
     parser.add_argument("--fail-above", type=float, metavar="PCT",
                         help="exit 1 when a configuration is slower by more than PCT %% and not within noise")
-    parser.add_argument("--level", type=float, default=LEVEL, help="the rank test's level (default 0.05)")
+    parser.add_argument("--level", type=float, default=noise.LEVEL, help="the test's level (default 0.05)")
     parser.add_argument("--out", metavar="DIR", help="where diff.csv, diff.md and diff.png go (default B/diff)")
     args = parser.parse_args(argv)
     if not 0 < args.level < 1:

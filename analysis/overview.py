@@ -3,7 +3,7 @@ that narrows a campaign to the part a user asks about.
 
 `verdict_matrix(table)` lays the verdict table (`analysis.verdict.verdict_table`) out as one
 grid per model and device: one cell per topology, the cell naming the winning scheme, its
-margin over the runner-up, whether the win is beyond the run-to-run spread, and the scheme the
+margin over the runner-up, whether the win is beyond the between-launch noise, and the scheme the
 performance model predicted to win.  Of the topology's swept dimensions, the topology
 (nodes × workers per node) is one axis and the rest (per-worker batch, emulated bandwidth and
 latency) the other; the axis with more values runs down, so a sweep of 200 batch sizes is 200
@@ -38,7 +38,8 @@ TOPOLOGY_AXIS = ("nodes", "workers_per_node")
 OTHER_AXIS = ("batch_per_worker", "bandwidth", "latency")
 # A cell's clear mark, and the key that explains the marks wherever the matrix is drawn.
 CLEAR_MARKS = {True: "✓", False: "~", None: "?"}
-MATRIX_KEY = ("winner, margin over the runner-up, ✓ beyond the run-to-run spread, ~ within it (not a clear win); "
+MATRIX_KEY = ("winner, margin over the runner-up, ✓ beyond the between-launch noise, ~ within it (not a clear win), "
+              "? untestable (one launch); "
               "◆ the model predicted this winner, ◇X it predicted X")
 AXIS_WORDS = {"nodes": "nodes", "workers_per_node": "workers/node", "batch_per_worker": "batch/worker",
               "bandwidth": "bandwidth", "latency": "latency"}
@@ -66,7 +67,7 @@ class MatrixCell:
 
     @property
     def clear_mark(self) -> str:
-        """✓ beyond the run-to-run spread, ~ within it, ? unknown."""
+        """✓ beyond the between-launch noise, ~ within it, ? untestable."""
         return CLEAR_MARKS[self.clear]
 
 
@@ -137,7 +138,7 @@ def topology_cells(table: pd.DataFrame) -> pd.Series:
     cells = {}
     winners = table[table["rank"] == 1]
     for i, first in zip(winners.index, winners.to_dict("records")):
-        clear = first["beyond_spread"] if isinstance(first["beyond_spread"], bool) else None
+        clear = first["beyond_noise"] if isinstance(first["beyond_noise"], bool) else None
         cells[topology[i]] = MatrixCell(str(first["series"]), str(first["framework"]), first["mode"],
                                         float(first["margin_pct"]), clear, picks.get(topology[i]))
     return pd.Series([cells.get(t) for t in topology], index=table.index, dtype=object)

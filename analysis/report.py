@@ -47,7 +47,7 @@ if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pand
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, FileSystemLoader, StrictUndefined  # noqa: E402
 
-from analysis import figures, overview, tables, verdict
+from analysis import figures, noise, overview, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
 from analysis.rendering import display_frame, flatten_columns, float_format, missing
@@ -422,12 +422,19 @@ def verdict_row(row: pd.Series) -> dict:
     def number(value, fmt) -> Cell:
         return MISSING if missing(value) else Cell(format(value, fmt), "num")
 
+    def interval(value, low, high, fmt) -> Cell:
+        if missing(value):
+            return MISSING
+        return Cell(format(value, fmt) + ("" if missing(low) else f" [{format(low, fmt)}–{format(high, fmt)}]"), "num")
+
     spread = (f"{row['iter_ms']:.1f} [{row['iter_ms_p10']:.1f}–{row['iter_ms_p90']:.1f}]"
               if not missing(row["iter_ms_p10"]) else f"{row['iter_ms']:.1f}")
     return {"rank": "" if missing(row["rank"]) else f"{int(row['rank'])}",
             "colour": scheme_colour(row["framework"], row["mode"]), "series": text_of(row["series"]),
-            "synchronous": bool(row["synchronous"]), "images_per_s": number(row["images_per_s"], ".1f"),
-            "spread": spread, "efficiency": number(row["efficiency"], ".2f"),
+            "synchronous": bool(row["synchronous"]), "launches": f"{int(row['launches'])}",
+            "images_per_s": interval(row["images_per_s"], row["images_per_s_low"], row["images_per_s_high"], ".0f"),
+            "spread": spread,
+            "efficiency": interval(row["efficiency"], row["efficiency_low"], row["efficiency_high"], ".2f"),
             "behind": "" if missing(row["behind_winner_pct"]) or row["rank"] == 1
             else f"−{row['behind_winner_pct']:.0f}%",
             "cause": text_of(row["cause_text"]), "flags": text_of(row["flags"]) if row["flags"] else ""}
@@ -515,12 +522,20 @@ def study_view(frame: pd.DataFrame, built: dict[str, pd.DataFrame] | None = None
                         for name, table in study.items() if name != "study_single"]}
 
 
+def noise_view(frame: pd.DataFrame, table: pd.DataFrame) -> dict:
+    """The campaign's between-launch noise: the fit's line, the A/A controls (schemes that share
+    one one-worker computation: `noise.shared_computation`), each configuration's launches."""
+    fitted = noise.campaign_noise(frame)
+    return {"line": fitted.describe(), "controls": [c["text"] for c in noise.shared_computation(frame, fitted)],
+            "table": table_view(table)}
+
+
 def sweeps_view(shown: dict[str, dict]) -> list[dict]:
     """The sweep figures drawn, one per dimension the campaign swept (`figures.SWEEPS`)."""
     return figure_views([f"sweep_{name}" for name in figures.SWEEPS], shown)
 
 
-NAV = (("verdict", "Verdict"), ("sweeps", "Sweeps"), ("how-to-read", "How to read this"),
+NAV = (("verdict", "Verdict"), ("noise", "Noise"), ("sweeps", "Sweeps"), ("how-to-read", "How to read this"),
        ("throughput", "Throughput"), ("phases", "Phases"), ("scaling", "Scaling"), ("runs", "Runs"),
        ("layers", "Layers"), ("model", "Model"), ("study", "Study tables"), ("failures", "Failures"),
        ("environment", "Environment"))
@@ -539,6 +554,7 @@ def render_html(out_dir: Path, frame: pd.DataFrame, meta: dict, built: dict[str,
     return TEMPLATES.get_template("report.html.j2").render(
         campaign=meta.get("campaign") or out_dir.resolve().name, header=header_view(out_dir, frame, meta),
         page_rows=PAGE_ROWS, nav=NAV, matrix=matrix_view(built["verdict"]), sweeps=sweeps_view(shown),
+        noise=noise_view(frame, built["noise"]),
         verdicts=spelled_out, verdicts_left_out=left_out,
         table_sections=[table_section("throughput", built["throughput"], ["throughput", "iteration_spread"], shown),
                         table_section("phases", built["phases"], ["phases"], shown),
@@ -567,10 +583,11 @@ def build_report(out_dir: str | Path) -> Path:
             refresh_predictions(store)
         except StoreError:
             pass  # a read-only store keeps the predictions it has
-        frame = store.runs_frame()
+        frame = store.campaign_frame()
         meta = store.meta()
         calibrations = store.calibration_frame()
     built = {**tables.build_tables(frame, calibrations), "verdict": verdict.verdict_table(frame),
+             "noise": noise.noise_table(frame),
              **tables.study_tables(frame)}
     tables.write_tables(frame, out_dir, built=built)
     made = figures.make_figures(frame, out_dir)

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from rich.text import Text
 
-from analysis import overview, tables, verdict
+from analysis import noise, overview, tables, verdict
 from analysis.palette import scheme_colour
 from analysis.rendering import missing
 from analysis.store import ResultStore, StoreError
@@ -244,11 +244,11 @@ def print_summary(out_dir: str | Path, console: Console | None = None, show_all:
     the number of lines printed. StoreError when it has no store, FilterError on a bad filter."""
     out_dir = Path(out_dir)
     with ResultStore.for_campaign(out_dir, create=False) as store:
-        frame = store.runs_frame()
+        frame = store.campaign_frame()
     frame = overview.where(frame, where)
     console = console or Console()
     title = f"dlcompare — {out_dir.resolve().name}" + (f" — where {where}" if where else "")
-    head = [Text(title, style="bold"), counts_line(frame)]
+    head = [Text(title, style="bold"), counts_line(frame), Text(noise.campaign_noise(frame).describe(), style="dim")]
     table = verdict.verdict_table(frame)
     shown = head + [Text("Verdict matrix", style="bold underline")] + matrix_renderables(table, console.width)
     asked = show_all or bool(where)

@@ -43,6 +43,7 @@ TABLE_NAMES: tuple[str, ...] = ("throughput", "phases", "scaling", "runs", "laye
 
 TABLE_TITLES: dict[str, str] = {
     "verdict": "Verdict",
+    "noise": "Noise between launches",
     "throughput": "Throughput",
     "phases": "Phase breakdown (profile mode)",
     "scaling": "Scaling: speedup and efficiency",
@@ -55,9 +56,15 @@ TABLE_TITLES: dict[str, str] = {
 }
 
 TABLE_DESCRIPTIONS: dict[str, str] = {
+    "noise": "Per configuration: its launches' median iteration times in milliseconds, in launch order, and its own "
+             "between-launch coefficient of variation (sd of log time, %), beside the campaign's pooled noise that "
+             "the verdict's test uses (analysis.noise).",
     "verdict": "Per model and topology (nodes x workers per node): the synchronous schemes ranked by images/s; "
-               "the winner's margin over the next and whether it is beyond the run-to-run spread (the p10-p90 "
-               "ranges of their iteration times do not overlap); for each scheme the efficiency against its own "
+               "scheme as the command line spells it (FRAMEWORK:MODE); launches, images/s (the median over launches) "
+               "with its interval, each configuration's own between-launch CV; the winner's margin over the next "
+               "with its interval, the test's p and whether it is beyond the between-launch noise (analysis.noise: "
+               "true, false, or empty where one launch cannot test it), and where it is not, the launches each that "
+               "would resolve it; for each scheme the efficiency (with its interval) against its own "
                "one-worker run and where the lost time per iteration went, in milliseconds: slower compute "
                "(forward and backward of each worker against the one-worker run), communication left exposed "
                "after backward, skew (waiting for the slowest rank), I/O, update, and the rest that the profile "

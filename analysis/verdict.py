@@ -1,15 +1,20 @@
 """The verdict: per model and topology, which scheme trains fastest, by how much, whether that
-is beyond the run-to-run spread, and why each scheme falls short of ideal scaling.
+is beyond the noise between launches, and why each scheme falls short of ideal scaling.
 
 `verdict_table(frame)` is a pure function of the runs frame (`ResultStore.runs_frame()`):
-one row per configuration (median over repeated runs), the synchronous schemes ranked by
-images/s within each topology (model, device, per-worker batch, nodes, workers per node,
-emulated links); asynchronous schemes are listed unranked.  `verdicts(table)` groups it into
-one `TopologyVerdict` per topology with its headline sentence, which the report and the
-terminal summary print first.
+one row per configuration (the median over its launches of each launch's median), the
+synchronous schemes ranked by images/s within each topology (model, device, per-worker batch,
+nodes, workers per node, emulated links); asynchronous schemes are listed unranked.
+`verdicts(table)` groups it into one `TopologyVerdict` per topology with its headline
+sentence, which the report and the terminal summary print first.
 
-A win is *beyond the spread* when the winner's slowest repeats (p90 of iteration time) still
-beat the runner-up's fastest (p10), as images/s: their p10-p90 ranges do not overlap.
+A win is *clear* (``beyond_noise``) when the winner's launches against the runner-up's pass
+`analysis.noise.compare` at `noise.LEVEL`: the interval of the throughput ratio, from the
+between-launch noise pooled over the campaign, excludes 1.  The margin is printed with that
+interval; with too few launches to decide, the headline says how many would.  Efficiency
+E(N) = t(1)/t(N) carries the same kind of interval (`efficiency_low`, `efficiency_high`).  The
+p10-p90 of one launch's repeats is the *within-launch* spread: it flags an unsteady launch
+and never decides a win.
 
 Where a multi-worker run's time went (weak scaling: ideally t(N) = t(1), each scheme against
 its own one-worker run of the same model, device and per-worker batch), from the profile's
@@ -42,6 +47,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import noise as launch_noise
 from analysis import tables
 from analysis.rendering import missing
 
@@ -53,7 +59,7 @@ CAUSE_NAMES: dict[str, str] = {"compute": "slower compute", "comm": "exposed com
                                "skew": "skew between ranks", "io": "I/O", "update": "update", "rest": "rest"}
 # A machine counts as busy when other processes kept at least this many cores busy.
 BUSY_CORES = 0.5
-# Spread (p90 - p10) / median above which a configuration is flagged as noisy.
+# Within-launch spread (p90 - p10) / median above which a configuration is flagged as unsteady.
 NOISY_SPREAD = 0.25
 # Efficiency above which weak scaling is "better than ideal": a slow one-worker run.
 SUPERLINEAR = 1.05
@@ -64,9 +70,10 @@ PLACED_TOLERANCE = 0.25
 
 VERDICT_COLUMNS: list[str] = [
     "model", "device", "batch_per_worker", "nodes", "workers_per_node", "world_size", "bandwidth", "latency",
-    "topology", "rank", "framework", "framework_label", "mode", "series", "synchronous", "runs", "images_per_s",
-    "iter_ms", "iter_ms_p10", "iter_ms_p90", "behind_winner_pct", "margin_pct", "beyond_spread", "efficiency",
-    "baseline_iter_ms", "lost_ms", "compute_ms", "comm_ms", "skew_ms", "io_ms", "update_ms", "rest_ms",
+    "topology", "rank", "framework", "framework_label", "mode", "scheme", "series", "synchronous", "launches",
+    "images_per_s", "images_per_s_low", "images_per_s_high", "launch_cv_pct", "iter_ms", "iter_ms_p10",
+    "iter_ms_p90", "behind_winner_pct", "margin_pct", "margin_low_pct", "margin_high_pct", "p_value",
+    "beyond_noise", "launches_to_resolve", "efficiency", "efficiency_low", "efficiency_high", "baseline_iter_ms", "lost_ms", "compute_ms", "comm_ms", "skew_ms", "io_ms", "update_ms", "rest_ms",
     "compute_ratio", "comm_model_ms", "predicted_iter_ms", "cause", "cause_text", "flags", "threads_per_worker", "baseline_threads",
     "cpu_cores", "ranks_per_host", "oversubscribed", "other_load"]
 
@@ -118,7 +125,8 @@ def _run_facts(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _configs(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration: medians over its runs (the worst over runs for the flags)."""
+    """One row per configuration: medians over its launches (the worst over launches for the
+    flags) and ``launch_times``, each launch's median iteration time."""
     runs = _run_facts(frame)
     if runs.empty:
         return runs
@@ -127,9 +135,12 @@ def _configs(frame: pd.DataFrame) -> pd.DataFrame:
     worst = ["oversub", "other"]
     grouped = runs.groupby(tables.CONFIG_KEYS, dropna=False, sort=True)
     table = grouped[medians].median().join(grouped[worst].max()).join(grouped["sync"].min()) \
-        .join(grouped["device_kind"].first()).join(grouped["run_id"].size().rename("runs")).reset_index()
+        .join(grouped["device_kind"].first()).join(grouped["run_id"].size().rename("launches")).reset_index()
     scaling = tables.configs_with_speedup(frame)[tables.CONFIG_KEYS + ["efficiency", "baseline_mode"]]
-    return table.merge(scaling, on=tables.CONFIG_KEYS, how="left")
+    launches = launch_noise.launch_times(frame)
+    table = table.merge(scaling, on=tables.CONFIG_KEYS, how="left").merge(launches, on=tables.CONFIG_KEYS, how="left")
+    table["launch_times"] = [times if isinstance(times, list) else [] for times in table["launch_times"]]
+    return table
 
 
 # --------------------------------------------------------------------------- attribution
@@ -268,7 +279,7 @@ def flags_text(row: Row) -> str:
     if not missing(row["t"]) and row["t"] > 0 and not missing(row["t_p90"]):
         spread = (row["t_p90"] - row["t_p10"]) / row["t"]
         if spread > NOISY_SPREAD:
-            flags.append(f"noisy: p10–p90 spans {100 * spread:.0f}% of the median")
+            flags.append(f"unsteady launch: its repeats' p10–p90 spans {100 * spread:.0f}% of the median")
     return "; ".join(flags)
 
 
@@ -280,19 +291,29 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
     if configs.empty:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
     baselines = _baselines(configs)
+    noise = launch_noise.campaign_noise(frame)
     rows = []
     for row in configs.to_dict("records"):  # dicts: a Series per row costs more than the rest of the loop
         efficiency = row["efficiency"]
         baseline = None if row["world_size"] <= 1 else _baseline_of(baselines, row, row["baseline_mode"])
         parts = attribute(row, baseline)
         cause, text = cause_text(row, baseline, parts, efficiency)
+        own = launch_noise.interval_factor(len(row["launch_times"]), noise)
+        scaling = (launch_noise.compare(launch_noise.config_key(row), launch_noise.config_key(baseline), noise)
+                   if baseline is not None else None)
         rows.append({
             **{k: row[k] for k in ("model", "device", "batch_per_worker", "nodes", "workers_per_node", "world_size",
-                                   "bandwidth", "latency", "framework", "framework_label", "mode", "runs")},
+                                   "bandwidth", "latency", "framework", "framework_label", "mode", "launches")},
+            "config_key": launch_noise.config_key(row),
             "topology": tables.topology_short(row["nodes"], row["workers_per_node"]),
+            "scheme": f"{row['framework']}:{row['mode']}",
             "series": tables.series_name(row["framework_label"], row["mode"]), "synchronous": bool(row["sync"]),
-            "images_per_s": row["thr"], "iter_ms": row["t"] * 1e3, "iter_ms_p10": row["t_p10"] * 1e3,
+            "images_per_s": row["thr"], "images_per_s_low": row["thr"] / own, "images_per_s_high": row["thr"] * own,
+            "launch_cv_pct": launch_noise.launch_cv_pct(row["launch_times"]),
+            "iter_ms": row["t"] * 1e3, "iter_ms_p10": row["t_p10"] * 1e3,
             "iter_ms_p90": row["t_p90"] * 1e3, "efficiency": efficiency,
+            "efficiency_low": efficiency * scaling.low / scaling.ratio if scaling else math.nan,
+            "efficiency_high": efficiency * scaling.high / scaling.ratio if scaling else math.nan,
             "baseline_iter_ms": math.nan if baseline is None else baseline["t"] * 1e3,
             **{f"{name}_ms": parts[name] * 1e3 for name in ("lost", *CAUSES, "rest")},
             "compute_ratio": (row["compute"] / baseline["compute"]
@@ -302,14 +323,16 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
             "baseline_threads": math.nan if baseline is None else baseline["threads"], "cpu_cores": row["cores"],
             "ranks_per_host": row["per_host"], "oversubscribed": row["oversub"], "other_load": row["other"]})
     table = pd.DataFrame(rows)
-    return _ranked(table)[VERDICT_COLUMNS]
+    return _ranked(table, noise)[VERDICT_COLUMNS]
 
 
-def _ranked(table: pd.DataFrame) -> pd.DataFrame:
+def _ranked(table: pd.DataFrame, noise: launch_noise.Noise) -> pd.DataFrame:
     """Rank the synchronous schemes of each topology by images/s; the winner's row gets the
-    margin over the runner-up and whether it is beyond the spread.  Topologies in key order,
-    each with its ranked schemes first and its asynchronous ones after."""
-    table = table.assign(rank=math.nan, behind_winner_pct=math.nan, margin_pct=math.nan, beyond_spread=None,
+    margin over the runner-up with its interval and the test's outcome (`_contest`).
+    Topologies in key order, each with its ranked schemes first and its asynchronous ones after."""
+    table = table.assign(rank=math.nan, behind_winner_pct=math.nan, margin_pct=math.nan, margin_low_pct=math.nan,
+                         margin_high_pct=math.nan, p_value=math.nan, beyond_noise=None,
+                         launches_to_resolve=math.nan,
                          _topology=table.groupby(TOPOLOGY_KEYS, dropna=False, sort=True).ngroup(),
                          _async=~table["synchronous"].astype(bool))
     ranked = table[~table["_async"]].sort_values(["_topology", "images_per_s"], ascending=[True, False],
@@ -317,19 +340,27 @@ def _ranked(table: pd.DataFrame) -> pd.DataFrame:
     by_topology = ranked.groupby("_topology")
     ranked["rank"] = by_topology.cumcount() + 1
     ranked["behind_winner_pct"] = (1 - ranked["images_per_s"] / by_topology["images_per_s"].transform("first")) * 100
-    first = ranked[ranked["rank"] == 1]
-    second = ranked[ranked["rank"] == 2].set_index("_topology").reindex(first["_topology"])
-    second.index = first.index
-    contested = second["rank"].notna()
-    ranked.loc[first.index[contested], "margin_pct"] = \
-        ((first["images_per_s"] / second["images_per_s"] - 1) * 100)[contested]
-    # one topology, one per-worker batch: the faster one's slowest repeats still beat the other's fastest
-    known = contested & first["iter_ms_p90"].notna() & second["iter_ms_p10"].notna()
-    beyond = pd.Series(None, index=first.index, dtype=object)
-    beyond[known] = [bool(b) for b in (first["iter_ms_p90"] < second["iter_ms_p10"])[known]]
-    ranked.loc[first.index[contested], "beyond_spread"] = beyond[contested]
+    firsts = ranked[ranked["rank"] == 1]
+    seconds = ranked[ranked["rank"] == 2].set_index("_topology")
+    for index, first in firsts.iterrows():
+        if first["_topology"] in seconds.index:
+            for column, value in _contest(first, seconds.loc[first["_topology"]], noise, len(table)).items():
+                ranked.at[index, column] = value
     ordered = pd.concat([ranked, table[table["_async"]]]).sort_values(["_topology", "_async"], kind="stable")
     return ordered.drop(columns=["_topology", "_async"]).reset_index(drop=True)
+
+
+def _contest(first: Row, second: Row, noise: launch_noise.Noise, configurations: int) -> dict:
+    """The winner against the runner-up: the margin of their medians over launches, the
+    interval of the throughput ratio at the campaign's between-launch noise, the test's
+    outcome, and the launches each that would resolve the margin where it is within noise."""
+    found = launch_noise.compare(first["config_key"], second["config_key"], noise)
+    margin = (first["images_per_s"] / second["images_per_s"] - 1) * 100
+    needed = (launch_noise.launches_to_resolve(margin, noise, configurations)
+              if found.beyond is False else None)
+    return {"margin_pct": margin, "margin_low_pct": 100 * (found.low - 1), "margin_high_pct": 100 * (found.high - 1),
+            "p_value": found.p_value, "beyond_noise": found.beyond,
+            "launches_to_resolve": math.nan if needed is None else needed}
 
 
 # --------------------------------------------------------------------------- headlines
@@ -343,8 +374,14 @@ def topology_title(row: pd.Series) -> str:
     return " · ".join(parts)
 
 
+def _launches_text(first: Row, second: Row) -> str:
+    """'2 launches each' or '3 and 2 launches'."""
+    a, b = int(first["launches"]), int(second["launches"])
+    return f"{a} launch{'es' if a != 1 else ''} each" if a == b else f"{a} and {b} launches"
+
+
 def headline(rows: pd.DataFrame) -> str:
-    """The topology's answer in one sentence."""
+    """The topology's answer in one sentence: a winner only where the launches prove it."""
     ranked = rows[rows["rank"].notna()].sort_values("rank")
     if ranked.empty:
         return "No synchronous scheme measured here."
@@ -352,21 +389,27 @@ def headline(rows: pd.DataFrame) -> str:
     if len(ranked) == 1:
         return f"Only {first['series']} was measured here: {first['images_per_s']:.0f} images/s."
     second = ranked.iloc[1]
+    pair = (f"{first['series']} ({first['images_per_s']:.0f} images/s) and "
+            f"{second['series']} ({second['images_per_s']:.0f})")
+    launches = _launches_text(first, second)
+    if first["beyond_noise"] is None:
+        return (f"{pair} cannot be ranked: {launches}, so nothing measures the noise between launches; "
+                f"run with --launches 2 or more.")
+    interval = f"[{first['margin_low_pct']:+.0f}%, {first['margin_high_pct']:+.0f}%]"
+    ahead = (f"{first['margin_pct']:.0f}% {interval} ahead of" if first["margin_pct"] < 100
+             else f"{first['margin_pct'] / 100 + 1:.1f}× {interval} the images/s of")
+    if first["beyond_noise"] is True and first["margin_pct"] >= TIE_PCT:
+        return (f"{first['series']} is fastest at {first['images_per_s']:.0f} images/s, {ahead} "
+                f"{second['series']} ({second['images_per_s']:.0f}); beyond the between-launch noise "
+                f"({launches}, p = {first['p_value']:.2g}).")
     if first["margin_pct"] < TIE_PCT:
-        lead = (f"{first['series']} and {second['series']} are tied at {first['images_per_s']:.0f} and "
-                f"{second['images_per_s']:.0f} images/s")
-    else:
-        ahead = (f"{first['margin_pct']:.0f}% ahead of" if first["margin_pct"] < 100
-                 else f"{first['margin_pct'] / 100 + 1:.1f}× the images/s of")
-        lead = (f"{first['series']} is fastest at {first['images_per_s']:.0f} images/s, "
-                f"{ahead} {second['series']} ({second['images_per_s']:.0f})")
-    if first["beyond_spread"] is True:
-        spread = "beyond the run-to-run spread (their p10–p90 iteration times do not overlap)"
-    elif first["beyond_spread"] is False:
-        spread = "within the run-to-run spread (their p10–p90 iteration times overlap): not a clear win"
-    else:
-        spread = "the spread of their repeats is unknown"
-    return f"{lead}; {spread}."
+        return f"{pair} are tied: {first['margin_pct']:.1f}% {interval} apart ({launches})."
+    needed = first["launches_to_resolve"]
+    resolve = (f"at this campaign's noise, {int(needed)} launches each would resolve {first['margin_pct']:.0f}%"
+               if not missing(needed) else f"more than {launch_noise.MAX_LAUNCHES} launches each would be "
+               f"needed to resolve {first['margin_pct']:.0f}%")
+    return (f"No clear winner: {first['series']} is {ahead} {second['series']}, within the between-launch "
+            f"noise ({launches}; {resolve}).")
 
 
 def verdicts(table: pd.DataFrame) -> list[TopologyVerdict]:

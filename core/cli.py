@@ -22,6 +22,11 @@ EXIT_USAGE = 2
 EXIT_NOT_WRITTEN = 3
 EXIT_INTERRUPTED = 130
 
+# Separate launches of each configuration a campaign runs by default: the fewest that give the
+# verdict's test a between-launch variance (analysis.noise) while keeping the example campaign
+# within twice the time of one launch each (bench/launch_noise.py measures the noise and the cost).
+DEFAULT_LAUNCHES = 2
+
 
 def error_line(message: object) -> str:
     """The one error format of every entry point: `dlcompare: error: <first line>`."""

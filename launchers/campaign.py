@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from rich.table import Table
 from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
 from adapters.registry import framework_info
+from analysis import noise
 from analysis.predict import predict_stored
 from analysis.record import empty_record
 from analysis.report import build_report
@@ -84,6 +86,7 @@ def campaign_from_args(args) -> planning.Campaign:
         dtype=planning.parse_dtype(getattr(args, "dtype", None)),
         options=planning.parse_options(getattr(args, "option", None)),
         python=parse_overrides(getattr(args, "python", None)),
+        launches=planning.launch_count(getattr(args, "launches", planning.DEFAULT_LAUNCHES)),
     )
     if campaign.runtime == "container" and campaign.python:
         raise planning.UsageError("--python names a local interpreter; with --runtime container "
@@ -101,15 +104,29 @@ def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[s
     for key, value in planning.campaign_summary(campaign).items():
         settings.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
     console.print(settings)
-    table = Table(title=f"Plan: {len(runs)} runs, {len(stored & {r.run_id for r in runs})} "
+    launches = campaign.launches
+    rounds = f" in {launches} rounds (order seed {campaign.seed})" if launches > 1 else ""
+    table = Table(title=f"Plan: {len(runs)} runs{rounds}, {len(stored & {r.run_id for r in runs})} "
                         f"already stored (skipped)")
-    for column in ("run", "framework", "model", "workers", "batch/worker", "state"):
+    for column in ("run", "framework", "model", "workers", "batch/worker", "launch", "state"):
         table.add_column(column)
     for run in runs:
         table.add_row(run.run_id, f"{run.framework}:{run.mode}", run.model,
                       f"{run.nodes}x{run.workers_per_node}", str(run.batch_per_worker),
-                      "stored" if run.run_id in stored else "to run")
+                      f"{run.launch}/{launches}", "stored" if run.run_id in stored else "to run")
     console.print(table)
+    beyond = sorted({k for k in map(stored_launch, stored) if k > launches})
+    if beyond:
+        console.print(f"[yellow]the store holds launch{'es' if len(beyond) > 1 else ''} "
+                      f"{', '.join(map(str, beyond))} of some configurations, beyond --launches {launches}: "
+                      f"they are kept, and the tables, the verdict and the report use launches 1-{launches}[/yellow]",
+                      soft_wrap=True)
+
+
+def stored_launch(run_id: str) -> int:
+    """The launch a stored run id names (``...-l3``: 3; launch 1 has no suffix)."""
+    found = re.search(r"-l(\d+)$", run_id)
+    return int(found.group(1)) if found else 1
 
 
 def prepare_environments(campaign: planning.Campaign):
@@ -296,6 +313,7 @@ def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
                 record = unavailable_record(run, f"unavailable here: {unavailable[run.framework]}")
             else:
                 record = execute(run, pythons, campaign, update, cluster, containers)
+            record.setdefault("extra", {}).update(launch=run.launch, order_seed=campaign.seed)
             store_record(store, run, record)
             predict_stored(store, record, console)  # the performance model's prediction
             records.append(record)
@@ -347,7 +365,24 @@ def dry_run(campaign: planning.Campaign, runs: list[RunConfig], args) -> int:
     print_commands(campaign, runs, campaign.transport.open(campaign, dry_run=True))
     print_costs(console, campaign, [run for run in runs if run.run_id not in stored], frame,
                 getattr(args, "calibrate", False))
+    console.print(resolving_power(campaign, frame), soft_wrap=True, markup=False, highlight=False)
     return 0
+
+
+def resolving_power(campaign: planning.Campaign, frame: pd.DataFrame) -> str:
+    """What difference between two schemes the chosen launches can resolve, at the noise
+    between launches that the campaign's store has measured (analysis.noise)."""
+    fitted = noise.campaign_noise(frame) if len(frame) else noise.UNKNOWN
+    configurations = len(planning.configurations(campaign))
+    if campaign.launches < 2:
+        return "launches: 1 each, so the verdict cannot test a difference between schemes (--launches 2 or more)"
+    if not fitted.known:
+        return (f"launches: {campaign.launches} each; the store has no two launches of one configuration yet, so "
+                "what they resolve is measured by this campaign (its report and verdict say it)")
+    resolved = noise.resolvable_pct(fitted, campaign.launches, configurations)
+    return (f"launches: {campaign.launches} each of {configurations} configurations resolve a difference of "
+            f"{resolved:.0f}% with {100 * noise.POWER:.0f}% power at level {noise.LEVEL:g}, at the noise this "
+            f"store has measured ({fitted.describe()})")
 
 
 def run_campaign_cli(args, argv: list[str]) -> int:

@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 
-from core.cli import EXIT_USAGE, OneLineParser, error_line, fail, warn
+from core.cli import DEFAULT_LAUNCHES, EXIT_USAGE, OneLineParser, error_line, fail, warn
 from core.envs import reexec_in_host_env
 from launchers.cluster import DEFAULT_TRANSPORT, cluster_help
 from launchers.interpreters import add_python_argument, overrides_or_exit
@@ -67,7 +67,12 @@ def build_parser(prog: str = "python -m launchers.compare") -> argparse.Argument
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed iterations first (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="timed repeats; median and spread are over these (default: %(default)s)")
+                        help="timed repeats within each launch: their p10-p90 is the within-launch "
+                             "spread (default: %(default)s)")
+    parser.add_argument("--launches", type=int, default=DEFAULT_LAUNCHES,
+                        help="separate launches of each configuration, interleaved in shuffled "
+                             "rounds; the verdict tests the difference between schemes against the "
+                             "spread between launches (default: %(default)s)")
     parser.add_argument("--profile-iterations", type=int, default=3,
                         help="iterations of each profile kind (default: %(default)s)")
     parser.add_argument("--data", choices=("synthetic", "files"), default="synthetic",

@@ -6,10 +6,12 @@ before anything starts or anything stored is touched.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -19,7 +21,7 @@ from pathlib import Path
 from adapters.base import RunConfig
 from adapters.registry import FrameworkInfo, UnknownFramework, parse_framework_mode
 from analysis.units import parse_bandwidth, parse_latency
-from core.cli import comma_list
+from core.cli import DEFAULT_LAUNCHES, comma_list
 from core import schemes as catalogue
 from launchers.cluster import DEFAULT_TRANSPORT, Transport, TransportError, transport_for
 from models import MODEL_NAMES, get_model, model_facts
@@ -42,6 +44,13 @@ def positive_ints(text: str, what: str) -> list[int]:
     if any(v < 1 for v in values):
         raise UsageError(f"{what} must be at least 1, got {text!r}")
     return sorted(set(values))
+
+
+def launch_count(value) -> int:
+    """--launches / ``launches:``: a whole number of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--launches must be a whole number of at least 1, got {value!r}")
+    return value
 
 
 def positive_seconds(value: float, what: str) -> float:
@@ -197,6 +206,8 @@ class Campaign:
     dtype: str = "float32"  # DTYPES
     options: dict = field(default_factory=dict)  # --option: catalogue.OPTIONS for every run
     python: dict[str, str] = field(default_factory=dict)  # framework -> interpreter (--python)
+    # separate launches of every configuration, run in interleaved rounds (`in_rounds`)
+    launches: int = DEFAULT_LAUNCHES
 
     def batches_for(self, model: str) -> list[int]:
         if isinstance(self.batch_sizes, dict):
@@ -218,6 +229,38 @@ def config_hash(settings: dict) -> str:
 
 
 def expand(campaign: Campaign) -> list[RunConfig]:
+    """Every run of the campaign: each configuration (`configurations`) `campaign.launches`
+    times, in the interleaved order of `in_rounds`."""
+    return in_rounds(configurations(campaign), campaign.launches, campaign.seed)
+
+
+def in_rounds(configs: list[RunConfig], launches: int, seed: int) -> list[RunConfig]:
+    """Each configuration once per round, `launches` rounds, so that whatever drifts over a
+    campaign (clock, cache, background load) falls on every scheme alike.  One launch keeps
+    the plan's order; with several, each round's order is shuffled by a generator seeded with
+    (seed, round), so a resumed campaign runs the same order and picks up where it stopped.
+    Launch 1 keeps the configuration's run id; launch k > 1 adds ``-l<k>``."""
+    if launches == 1:
+        return list(configs)
+    runs = []
+    for launch in range(1, launches + 1):  # round k holds every configuration's launch k
+        order = list(configs)
+        random.Random(f"{seed}-{launch}").shuffle(order)
+        runs += [launch_of(run, launch) for run in order]
+    return runs
+
+
+def launch_of(run: RunConfig, launch: int) -> RunConfig:
+    """Launch `launch` of a configuration: its own run id and folder, the same config hash."""
+    if launch == 1:
+        return dataclasses.replace(run, launch=1)
+    run_id = f"{run.run_id}-l{launch}"
+    run_dir = Path(run.rank_dir).parent / run_id
+    return dataclasses.replace(run, run_id=run_id, record_path=str(run_dir / "record.json"),
+                               rank_dir=str(run_dir), launch=launch)
+
+
+def configurations(campaign: Campaign) -> list[RunConfig]:
     """One RunConfig per framework x model x nodes x workers x batch, in a stable order."""
     runs = []
     for info, mode in campaign.frameworks:

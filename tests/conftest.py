@@ -41,10 +41,13 @@ def cli_command(*args: str, env: dict | None = None,
     """The command line and environment of `python -m <args>` as a user runs it from the
     repository root (or `cwd`, a copy of it): the user's interpreter, then the command's own
     move into the launcher's environment (core.envs.reexec_in_host_env; built by the time tests
-    run, so it costs a process start, and the process keeps its pid). With
+    run, so it costs a process start, and the process keeps its pid). A campaign runs one
+    launch of each configuration unless the test names --launches. With
     `env={"DLCOMPARE_NO_BOOTSTRAP": "1"}` it runs in the test's own interpreter instead."""
     full_env = {**{k: v for k, v in os.environ.items() if k not in BOOTSTRAP},
                 "PYTHONPATH": str(cwd), **(env or {})}
+    if args[:1] == ("launchers.compare",) and "--launches" not in args:
+        args = (*args, "--launches", "1")  # tests that need no statistics keep one launch each
     python = sys.executable if full_env.get("DLCOMPARE_NO_BOOTSTRAP") == "1" else USER_PYTHON
     return [python, "-m", *args], full_env
 

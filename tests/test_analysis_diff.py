@@ -1,6 +1,7 @@
-"""`dlcompare diff A B`: configurations matched across two campaigns, the change with its spread,
-a rank test over the repeats that can say "within noise" and "too few repeats", mismatches
-listed, `--fail-above` as a CI gate, bad input in one line; and two real campaigns compared."""
+"""`dlcompare diff A B`: configurations matched across two campaigns, the change with its
+interval over launches, the shared test (analysis.noise) that can say "within noise" and "too
+few launches", mismatches listed, `--fail-above` as a CI gate, bad input in one line; and two
+real campaigns compared."""
 
 from __future__ import annotations
 
@@ -19,20 +20,20 @@ from tests.test_analysis_data import make_campaign, make_record
 SCHEMES = (("PyTorch DDP", "torch", "ddp"), ("MXNet", "mxnet", "dist_sync"))
 
 
-def records(slower: dict[tuple[str, int], float] | None = None, repeats: int = 8, seed: int = 0,
+def records(slower: dict[tuple[str, int], float] | None = None, launches: int = 4, seed: int = 0,
             worlds=(1, 2)) -> list[dict]:
-    """Both schemes at 1 and 2 workers, `repeats` repeat times each with 2 % noise; `slower`
-    multiplies a (framework, world) configuration's times."""
+    """Both schemes at 1 and 2 workers, `launches` launches each with 2 % noise between them;
+    `slower` multiplies a (framework, world) configuration's times."""
     rng = np.random.default_rng(seed)
     found = []
     for label, framework, mode in SCHEMES:
         for world in worlds:
             t = 0.1 * world * (slower or {}).get((framework, world), 1.0)
-            times = list(t * (1 + 0.02 * rng.standard_normal(repeats)))
-            record = make_record(label, framework, mode, world, float(np.median(times)),
-                                 run_id=f"{framework}-{mode}-w{world}", config_hash=f"{framework}-{world}")
-            record["extra"] = {**record["extra"], "repeat_times": times}
-            found.append(record)
+            for launch, time in enumerate(t * (1 + 0.02 * rng.standard_normal(launches)), start=1):
+                record = make_record(label, framework, mode, world, float(time),
+                                     run_id=f"{framework}-{mode}-w{world}-l{launch}", config_hash=f"{framework}-{world}")
+                record["extra"] = {**record["extra"], "launch": launch}
+                found.append(record)
     return found
 
 
@@ -50,7 +51,7 @@ def test_a_slower_configuration_is_beyond_noise_and_the_rest_within(tmp_path):
     table = pd.read_csv(b / "diff" / "diff.csv")
     ddp = table[(table["scheme"] == "PyTorch DDP") & (table["topology"] == "1×2")].iloc[0]
     assert ddp["change_pct"] == pytest.approx(20, abs=3) and ddp["verdict"] == "beyond noise"
-    assert ddp["change_p10_pct"] < ddp["change_pct"] < ddp["change_p90_pct"]
+    assert ddp["change_low_pct"] < ddp["change_pct"] < ddp["change_high_pct"] and ddp["a_launches"] == 4
     rest = table.drop(ddp.name)
     assert (rest["change_pct"].abs() < 5).all() and set(rest["verdict"]) <= {"within noise", "beyond noise"}
     assert (b / "diff" / "diff.png").stat().st_size > 5_000 and "Environments" in (b / "diff" / "diff.md").read_text()
@@ -64,23 +65,11 @@ def test_a_campaign_against_its_own_records_is_within_noise_and_passes_the_gate(
     assert len(table) == 4 and (table["verdict"] == "within noise").all() and (table["change_pct"] == 0).all()
 
 
-def test_identical_schemes_rarely_differ_beyond_noise():
-    """The rank test's false alarms at 8 repeats each and 2 % noise, over 1,000 draws: about
-    its level, not more; and its power for a 10 % change."""
-    rng = np.random.default_rng(7)
-    draws = [diff.compare(list(1 + 0.02 * rng.standard_normal(8)), list(1 + 0.02 * rng.standard_normal(8)))
-             for _ in range(1000)]
-    assert sum(d["beyond_noise"] for d in draws) <= 60  # 5 % of 1,000, with room for chance
-    shifted = [diff.compare(list(1 + 0.02 * rng.standard_normal(8)), list(1.1 + 0.02 * rng.standard_normal(8)))
-               for _ in range(200)]
-    assert sum(d["beyond_noise"] for d in shifted) >= 190
-
-
-def test_three_repeats_each_are_too_few_to_tell(tmp_path):
-    done, b = diffed(tmp_path, records(repeats=3), records({("torch", 2): 1.3}, repeats=3), "--fail-above", "10")
+def test_one_launch_each_is_too_few_to_tell(tmp_path):
+    done, b = diffed(tmp_path, records(launches=1), records({("torch", 2): 1.3}, launches=1), "--fail-above", "10")
     assert done.returncode == 1, done.stderr  # too few to tell counts against the gate
-    assert "too few repeats" in done.stdout and "--repeats 4 or more" in done.stdout
-    assert diff.smallest_p(3, 3) == pytest.approx(0.1) and diff.smallest_p(4, 4) < 0.05
+    assert "too few launches" in done.stdout and "--launches 2 or more" in done.stdout
+    assert pd.read_csv(b / "diff" / "diff.csv")["beyond_noise"].isna().all()
 
 
 def test_configurations_only_one_campaign_has_are_listed(tmp_path):
@@ -104,14 +93,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, words):
 
 @pytest.mark.slow  # two real campaigns
 def test_two_real_campaigns_are_compared(tmp_path, torch_python):
-    common = ("--frameworks", "torch", "--model", "alexnet-tiny", "--workers", "1", "--iterations", "5",
-              "--repeats", "5", "--warmup", "2", "--profile-iterations", "1")
+    common = ("--frameworks", "torch", "--model", "alexnet-tiny", "--workers", "1,2", "--iterations", "5",
+              "--repeats", "2", "--warmup", "2", "--profile-iterations", "1", "--launches", "2")
     for name in ("a", "b"):
         done = run_cli("launchers.compare", *common, "--out", str(tmp_path / name), timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     done = run_cli("launchers.cli", "diff", str(tmp_path / "a"), str(tmp_path / "b"), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     row = pd.read_csv(tmp_path / "b" / "diff" / "diff.csv").iloc[0]
-    assert row["scheme"] == "PyTorch DDP" and row["a_repeats"] == row["b_repeats"] == 5
+    assert row["scheme"] == "PyTorch DDP" and row["a_launches"] == row["b_launches"] == 2
     assert row["verdict"] in ("within noise", "beyond noise") and abs(row["change_pct"]) < 100
     assert "torch" in done.stdout and "Environments" in done.stdout and 0 <= row["p_value"] <= 1

@@ -1,4 +1,4 @@
-"""The verdict (analysis/verdict.py) on hand-made runs frames: rankings, margins, spread, and
+"""The verdict (analysis/verdict.py) on hand-made runs frames: rankings, margins over launches, and
 where each scheme's lost time went, checked against numbers worked out by hand."""
 
 from __future__ import annotations
@@ -92,28 +92,48 @@ def test_exposed_communication_uses_the_measured_overlap_and_quotes_the_model():
     assert "the model predicts 55.0 ms" in got["cause_text"]
 
 
-def test_schemes_are_ranked_with_the_winners_margin_and_spread():
-    runs = [run("torch", "ddp", t=0.1), run("torch", "ddp", per_node=2, t=0.150, spread=(0.95, 1.05)),
-            run("cntk-style", "allreduce", t=0.1), run("cntk-style", "allreduce", per_node=2, t=0.200,
-                                                        spread=(0.95, 1.05))]
+def launches(framework, mode, times, **kwargs) -> list[dict]:
+    """One run per launch of a configuration, launch k timed times[k - 1]."""
+    return [run(framework, mode, t=t, extra_launch=k, **kwargs) for k, t in enumerate(times, start=1)]
+
+
+def test_schemes_are_ranked_with_the_winners_margin_and_its_interval_over_launches():
+    # two launches each; round 2 runs 2 % slower for every configuration, which the test removes
+    runs = [*launches("torch", "ddp", [0.100, 0.102]), *launches("torch", "ddp", [0.150, 0.153], per_node=2),
+            *launches("cntk-style", "allreduce", [0.100, 0.102]),
+            *launches("cntk-style", "allreduce", [0.200, 0.205], per_node=2)]
     table = table_of(*runs)
     winner, second = pick(table, "torch", "1×2"), pick(table, "cntk-style", "1×2")
-    assert (winner["rank"], second["rank"]) == (1, 2)
-    assert winner["margin_pct"] == pytest.approx((0.200 / 0.150 - 1) * 100)
-    assert second["behind_winner_pct"] == pytest.approx(25.0)
-    assert winner["beyond_spread"] is True  # 157.5 ms (p90) < 190 ms (p10)
+    assert (winner["rank"], second["rank"], winner["launches"]) == (1, 2, 2)
+    assert winner["scheme"] == "torch:ddp"
+    torch_thr, cntk_thr = (32 / 0.150 + 32 / 0.153) / 2, (32 / 0.200 + 32 / 0.205) / 2  # medians over launches
+    assert winner["margin_pct"] == pytest.approx((torch_thr / cntk_thr - 1) * 100)
+    assert second["behind_winner_pct"] == pytest.approx((1 - cntk_thr / torch_thr) * 100)
+    assert winner["margin_low_pct"] < winner["margin_pct"] < winner["margin_high_pct"]
+    assert winner["beyond_noise"] is True and winner["p_value"] < 0.05
+    assert winner["efficiency_low"] < winner["efficiency"] < winner["efficiency_high"]
     found = {v.title: v for v in verdict.verdicts(table)}
     headline = found["alexnet-tiny · 1 node × 2 workers · batch 16/worker · Test CPU"].headline
-    assert headline.startswith("PyTorch DDP is fastest at 213 images/s, 33% ahead of CNTK-style (160)")
-    assert "beyond the run-to-run spread" in headline
+    assert headline.startswith("PyTorch DDP is fastest at 211 images/s, 34% [")
+    assert "ahead of CNTK-style (158); beyond the between-launch noise (2 launches each, p = " in headline
 
 
-def test_a_win_inside_the_spread_says_so():
-    runs = [run("torch", "ddp", per_node=2, t=0.150, spread=(0.8, 1.3)),
-            run("cntk-style", "allreduce", per_node=2, t=0.160, spread=(0.8, 1.3))]
+def test_a_win_inside_the_between_launch_noise_is_no_winner():
+    # the order flips between the two rounds: nothing is proven
+    runs = [*launches("torch", "ddp", [0.140, 0.165], per_node=2),
+            *launches("cntk-style", "allreduce", [0.165, 0.150], per_node=2)]
     table = table_of(*runs)
-    assert pick(table, "torch", "1×2")["beyond_spread"] is False
-    assert "within the run-to-run spread" in verdict.verdicts(table)[0].headline
+    assert pick(table, "torch", "1×2")["beyond_noise"] is False
+    headline = verdict.verdicts(table)[0].headline
+    assert headline.startswith("No clear winner: ") and "within the between-launch noise (2 launches each" in headline
+
+
+def test_one_launch_each_cannot_rank_and_says_what_would():
+    runs = [run("torch", "ddp", per_node=2, t=0.150), run("cntk-style", "allreduce", per_node=2, t=0.200)]
+    table = table_of(*runs)
+    assert pick(table, "torch", "1×2")["beyond_noise"] is None
+    assert "cannot be ranked: 1 launch each" in verdict.verdicts(table)[0].headline
+    assert "--launches 2" in verdict.verdicts(table)[0].headline
 
 
 def test_topologies_with_the_same_world_size_stay_apart():
@@ -130,7 +150,7 @@ def test_flags_oversubscription_a_busy_machine_and_noise():
     got = pick(table_of(*runs), "torch", "1×2")
     assert "oversubscribed: 2 ranks × 2 threads on 2 cores" in got["flags"]
     assert "busy machine: other processes kept 1.3 of 2 cores busy" in got["flags"]
-    assert "noisy: p10–p90 spans 70% of the median" in got["flags"]
+    assert "unsteady launch: its repeats' p10–p90 spans 70% of the median" in got["flags"]
     assert "oversubscribed" in got["cause_text"]  # the compute explanation says it too
     quiet = pick(table_of(run(t=0.1), run(per_node=2, t=0.15)), "torch", "1×2")
     assert quiet["flags"] == ""
@@ -163,7 +183,7 @@ def test_asynchronous_schemes_are_listed_but_not_ranked():
 def test_repeated_runs_of_a_configuration_are_summarised_by_their_median():
     runs = [run(per_node=2, t=t, run_id=f"r{i}") for i, t in enumerate((0.1, 0.3, 0.2))]
     got = verdict.verdict_table(pd.DataFrame(runs)).iloc[0]
-    assert got["runs"] == 3 and got["iter_ms"] == pytest.approx(200.0)
+    assert got["launches"] == 3 and got["iter_ms"] == pytest.approx(200.0)
 
 
 def test_failed_runs_and_empty_frames_give_no_verdict():

@@ -19,6 +19,9 @@ BAD_ARGUMENTS = {
     "bad number": ["--frameworks", "torch", "--model", "alexnet-tiny", "--workers", "two"],
     "zero iterations": ["--frameworks", "torch", "--model", "alexnet-tiny", "--iterations", "0"],
     "unknown option": ["--frameworks", "torch", "--model", "alexnet-tiny", "--frobnicate"],
+    "zero launches": ["--frameworks", "torch", "--model", "alexnet-tiny", "--launches", "0"],
+    "negative launches": ["--frameworks", "torch", "--model", "alexnet-tiny", "--launches", "-2"],
+    "fractional launches": ["--frameworks", "torch", "--model", "alexnet-tiny", "--launches", "2.5"],
 }
 
 
@@ -57,7 +60,8 @@ def test_bad_arguments(tmp_path, case):
     needle = {"unknown framework": "caffe3", "unknown mode": "nope", "unknown model": "vgg99",
               "zero workers": "--workers", "zero batch": "--batch-size",
               "bad number": "--workers", "zero iterations": "--iterations",
-              "unknown option": "--frobnicate"}[case]
+              "unknown option": "--frobnicate", "zero launches": "--launches", "negative launches": "--launches",
+              "fractional launches": "--launches"}[case]
     assert_one_line_error(result, needle)
     assert stored_ids(out) == ["kept"]
 

@@ -117,7 +117,7 @@ def campaign_of(**settings) -> planning.Campaign:
     defaults = dict(frameworks=planning.parse_frameworks("torch,cntk-style"), models=["alexnet-tiny"],
                     workers=[1, 2], nodes=[1], servers=[1], batch_sizes=[16], iterations=10, warmup=3, repeats=3,
                     profile_iterations=3, data="synthetic", device="cpu", out=Path("/tmp/unused"), timeout=60,
-                    channels_last=False, dropout=True, seed=0, loader_workers=0, cpus=2)
+                    channels_last=False, dropout=True, seed=0, loader_workers=0, cpus=2, launches=1)
     return planning.Campaign(**{**defaults, **settings})
 
 

@@ -573,7 +573,7 @@ def test_bandwidth_and_latency_are_plan_dimensions():
 
     args = build_parser().parse_args(["--frameworks", "torch", "--model", "alexnet-tiny",
                                       "--nodes", "1,2", "--workers", "1", "--cluster", "emulated",
-                                      "--bandwidth", "1Gbit,10Gbit", "--latency", "0.2ms,1ms"])
+                                      "--bandwidth", "1Gbit,10Gbit", "--latency", "0.2ms,1ms", "--launches", "1"])
     runs = planning.expand(campaign_from_args(args))
     assert [(r.nodes, r.bandwidth, r.latency) for r in runs] == [
         (1, None, None), (2, "1Gbit", "0.2ms"), (2, "1Gbit", "1ms"), (2, "10Gbit", "0.2ms"),

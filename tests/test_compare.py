@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tests.conftest import run_cli, worker_processes
@@ -128,3 +130,59 @@ def test_interrupted_campaign_resumes_without_redoing_or_losing_runs(tmp_path, t
     kept = "imported 1 run(s) measured but not yet stored" in again.stderr
     assert ("2 already stored" if kept else "1 already stored") in again.stderr
     assert sorted(world for _, _, world, _ in stored_runs(out)) == [1, 2]
+
+
+def launch_records(out: Path) -> list[tuple[str, int, str]]:
+    """(framework, launch, started_at) of every stored run, in the order they started."""
+    from analysis.store import ResultStore
+
+    with ResultStore.for_campaign(out, create=False, read_only=True) as store:
+        return [(r["framework"], r["extra"]["launch"], r["started_at"]) for r in store.records()]
+
+
+@pytest.mark.slow  # six real launches
+def test_launches_run_in_rounds_resume_mid_round_and_grow_or_shrink(tmp_path, torch_python):
+    out = tmp_path / "rounds"
+    common = ("--frameworks", "torch,cntk-style", "--model", "alexnet-tiny", "--workers", "1", "--out", str(out),
+              *FAST)
+    first = run_cli("launchers.compare", *common, "--launches", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "Plan: 4 runs in 2 rounds (order seed 0)" in first.stderr
+    stored = launch_records(out)
+    assert sorted(launch for _, launch, _ in stored[:2]) == [1, 1] and [l for _, l, _ in stored[2:]] == [2, 2]
+    verdict = pd.read_csv(out / "tables" / "verdict.csv")
+    assert (verdict["launches"] == 2).all() and set(verdict["scheme"]) == {"torch:ddp", "cntk-style:allreduce"}
+    assert verdict.loc[verdict["rank"] == 1, "beyond_noise"].notna().all()  # two launches: testable
+    # a campaign stopped mid-round (its last launch lost) resumes there: that launch alone runs again
+    from analysis.store import ResultStore
+
+    last = sorted((out / "runs").glob("*-l2"))[-1].name
+    with ResultStore.for_campaign(out) as store:
+        store.delete(last)
+    shutil.rmtree(out / "runs" / last)
+    resumed = run_cli("launchers.compare", *common, "--launches", "3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Plan: 6 runs in 3 rounds (order seed 0), 3 already stored" in resumed.stderr
+    grown = launch_records(out)
+    assert len(grown) == 6 and [l for _, l, _ in grown[3:]] in ([2, 3, 3],)
+    shrunk = run_cli("launchers.compare", *common, "--launches", "1")
+    assert shrunk.returncode == 0, shrunk.stderr[-3000:]
+    assert "beyond --launches 1" in shrunk.stderr and "use launches 1-1" in shrunk.stderr
+    assert len(launch_records(out)) == 6  # kept
+    verdict = pd.read_csv(out / "tables" / "verdict.csv")
+    assert (verdict["launches"] == 1).all() and verdict["beyond_noise"].isna().all()
+
+
+@pytest.mark.slow  # the example campaign twice, at its default launches
+def test_the_example_campaign_twice_never_names_two_different_clear_winners(tmp_path, torch_python):
+    example = Path(__file__).resolve().parents[1] / "examples" / "campaign.yaml"
+    winners = []
+    for name in ("first", "second"):
+        done = run_cli("launchers.compare", str(example), "--launches", "2", "--out", str(tmp_path / name))
+        assert done.returncode == 0, done.stderr[-3000:]
+        verdict = pd.read_csv(tmp_path / name / "tables" / "verdict.csv")
+        assert (verdict["launches"] >= 2).all()
+        clear = verdict[(verdict["rank"] == 1) & (verdict["beyond_noise"] == True)]  # noqa: E712
+        winners.append(dict(zip(clear["topology"], clear["scheme"])))
+    both = set(winners[0]) & set(winners[1])
+    assert all(winners[0][t] == winners[1][t] for t in both), winners

@@ -16,7 +16,7 @@ from tests.conftest import run_cli
 
 
 def runs_of(*arguments: str):
-    args = build_parser().parse_args(["--frameworks", "torch", "--workers", "1", *arguments])
+    args = build_parser().parse_args(["--frameworks", "torch", "--workers", "1", "--launches", "1", *arguments])
     return planning.expand(campaign_from_args(args))
 
 

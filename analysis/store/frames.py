@@ -110,3 +110,12 @@ def with_phase_columns(frame):
         frame[f"phase_{name}_s"] = pd.Series(dtype="float64")
         frame[f"phase_{name}_pred_s"] = pd.Series(dtype="float64")
     return frame
+
+
+def first_launches(frame, launches: int | None):
+    """The runs of launches 1..`launches` (``extra_launch``; a record without one is launch 1);
+    every run where `launches` is None."""
+    if not launches or "extra_launch" not in frame.columns:
+        return frame
+    launch = pd.to_numeric(frame["extra_launch"], errors="coerce").fillna(1)
+    return frame[launch <= int(launches)].reset_index(drop=True)

@@ -382,6 +382,15 @@ class ResultStore:
             if runs else []
         return frames.runs_frame(runs, phases)
 
+    def campaign_frame(self):
+        """`runs_frame` limited to the launches the campaign last asked for (its settings'
+        ``launches``): a campaign resumed with fewer launches keeps the others stored, and
+        the tables, the verdict and the report read the first ones only."""
+        from analysis.store import frames  # pandas only for frames: the store starts on the standard library
+        settings = self.meta().get("settings")
+        launches = settings.get("launches") if isinstance(settings, dict) else None
+        return frames.first_launches(self.runs_frame(), launches)
+
     def phases_frame(self):
         """The long phase table joined with the run's identity and topology, for plotting.
 
