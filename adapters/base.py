@@ -196,6 +196,17 @@ class Trainer(abc.ABC):
     def barrier(self) -> None:
         """Wait for every rank; a no-op for one rank."""
 
+    def device_memory(self) -> tuple[int, int] | None:
+        """(the most device memory this rank has allocated so far, the device's memory) in
+        bytes, on an accelerator whose framework tracks it; None on a CPU or where it does not."""
+        return None
+
+    def any_rank(self, flag: bool) -> bool | None:
+        """Whether any rank passed True, the same answer on every rank: for what all ranks must
+        decide together (how long warm-up lasts).  None where this trainer cannot ask the other
+        ranks, so the caller keeps to its fixed plan; one rank answers alone."""
+        return flag if not self.dist.distributed else None
+
     def versions(self) -> dict[str, str]:
         """Framework and library versions for the result record."""
         return {}

@@ -172,6 +172,9 @@ class CaffeMpiStyleTrainer(TorchTrainer):
     def barrier(self):
         self.comm.Barrier()
 
+    def any_rank(self, flag):
+        return bool(self.comm.allreduce(int(flag)))
+
     def versions(self):
         return {**super().versions(), "mpi4py": __import__("mpi4py").__version__,
                 "mpi": MPI.Get_library_version().splitlines()[0].strip()}

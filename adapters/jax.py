@@ -551,6 +551,13 @@ class JaxTrainer(Trainer):
             return self.device.device_kind
         return super().device_name()
 
+    def device_memory(self):
+        """XLA's allocator statistics of this rank's device (None on a CPU, which has none)."""
+        stats = self.device.memory_stats() if self.device.platform != "cpu" else None
+        if not stats or "peak_bytes_in_use" not in stats:
+            return None
+        return int(stats["peak_bytes_in_use"]), int(stats.get("bytes_limit") or 0) or None
+
     def describe(self):
         return {"mesh_devices": self.mesh.size, "platform": self.device.platform,
                 "layout": self.layout.name, "threads": self.config.threads_per_worker,

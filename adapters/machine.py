@@ -15,6 +15,7 @@ backend).  Where /proc is missing the CPU-time fields stay None.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import statistics
 import time
@@ -86,6 +87,22 @@ def process_tree_seconds(pid: int | None = None) -> float | None:
     return total
 
 
+def peak_resident_bytes() -> int:
+    """The most memory this process has held resident so far (Linux counts ru_maxrss in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def memory_total_bytes() -> int | None:
+    """The machine's memory (/proc/meminfo MemTotal), None where it cannot be read."""
+    try:
+        for line in (PROC / "meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def sample() -> dict:
     """The machine now, as one rank sees it."""
     return {"host": host_id(), "cores": usable_cores(), "load": os.getloadavg()[0],
@@ -98,6 +115,7 @@ def interval(before: dict, after: dict) -> dict:
         return None if before[key] is None or after[key] is None else after[key] - before[key]
 
     return {"host": before["host"], "cores": before["cores"], "load_start": before["load"],
+            "peak_resident_bytes": peak_resident_bytes(), "memory_total_bytes": memory_total_bytes(),
             "load_end": after["load"], "busy_s": delta("busy_s"), "own_s": delta("own_s"),
             "wall_s": after["at"] - before["at"]}
 

@@ -352,6 +352,19 @@ class TorchTrainer(Trainer):
         if dist.is_initialized():
             dist.barrier()
 
+    def device_memory(self):
+        if self.device.type != "cuda":
+            return None
+        return (int(torch.cuda.max_memory_allocated(self.device)),
+                int(torch.cuda.get_device_properties(self.device).total_memory))
+
+    def any_rank(self, flag):
+        if not self.dist.distributed or not dist.is_initialized():
+            return super().any_rank(flag)
+        vote = torch.tensor([1.0 if flag else 0.0], device=self.device)  # NCCL reduces on the device
+        dist.all_reduce(vote)
+        return bool(vote.item() > 0)
+
     def versions(self):
         facts = {"torch": torch.__version__, "torch_threads": str(torch.get_num_threads())}
         if torch.cuda.is_available():

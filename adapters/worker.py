@@ -15,6 +15,7 @@ it is gone (`watch_parent`), so no rank trains on for a launcher that was killed
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import statistics
@@ -96,17 +97,52 @@ def maybe_inject_fault(config: RunConfig, rank: int, step: int) -> None:
             time.sleep(3600)
 
 
+# Warm-up goes on, a window of steps at a time, while a window's mean step time is this much
+# below the one before it on any rank; at most this many windows beyond the fixed warm-up.
+WARMUP_TREND = 0.05
+WARMUP_WINDOWS_CAP = 8
+
+
+def warm_up(trainer, config: RunConfig, rank: int, progress: Progress) -> dict:
+    """`config.warmup` untimed steps, then windows of ``iterations // 2`` steps (at least 2)
+    until the step time stops falling on every rank (`Trainer.any_rank`: the ranks decide
+    together, so every rank takes the same steps), at most `WARMUP_WINDOWS_CAP` windows: a
+    fixed count leaves a slow first repeat in the timing.  Where the ranks cannot decide
+    together, the fixed steps only.  Returns the steps taken and whether the time had stopped
+    falling (True), was still falling at the cap (False) or was not checked (None)."""
+    step = 0
+
+    def steps(count: int) -> None:
+        nonlocal step
+        for _ in range(count):
+            maybe_inject_fault(config, rank, step)
+            trainer.step()
+            step += 1
+            progress.advance("warmup")
+
+    steps(config.warmup)
+    trainer.sync()
+    if trainer.any_rank(False) is None:
+        return {"warmup_steps": step, "warmup_steady": None}
+    window, previous = max(2, config.iterations // 2), math.inf
+    for _ in range(WARMUP_WINDOWS_CAP):
+        progress.total += window
+        start = time.perf_counter()
+        steps(window)
+        trainer.sync()
+        mean = (time.perf_counter() - start) / window
+        if not trainer.any_rank(mean < previous * (1 - WARMUP_TREND)):
+            return {"warmup_steps": step, "warmup_steady": True}
+        previous = mean
+    return {"warmup_steps": step, "warmup_steady": False}
+
+
 def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress,
                 after_repeat=lambda repeat: None) -> dict:
-    """Warm-up, then repeats of timed loops; returns per-repeat mean seconds per iteration.
-    `after_repeat(r)` runs, untimed, after timed loop r."""
-    step = 0
-    for _ in range(config.warmup):
-        maybe_inject_fault(config, rank, step)
-        trainer.step()
-        step += 1
-        progress.advance("warmup")
-    trainer.sync()
+    """Warm-up (`warm_up`), then repeats of timed loops; returns per-repeat mean seconds per
+    iteration and the warm-up's steps.  `after_repeat(r)` runs, untimed, after timed loop r."""
+    warmed = warm_up(trainer, config, rank, progress)
+    step = warmed["warmup_steps"]
     repeat_times, losses = [], []
     for repeat in range(config.repeats):
         start = time.perf_counter()
@@ -119,7 +155,7 @@ def timed_loops(trainer, config: RunConfig, rank: int, progress: Progress,
         repeat_times.append((time.perf_counter() - start) / config.iterations)
         losses.append(trainer.last_loss())
         after_repeat(repeat)
-    return {"repeat_times": repeat_times, "losses": losses, "steps": step}
+    return {"repeat_times": repeat_times, "losses": losses, "steps": step, **warmed}
 
 
 class ProfileRounds:
@@ -348,11 +384,47 @@ def merge_ranks(config: RunConfig, spec, results: list[dict]) -> dict:
     record["phases"] = [phase_entry(p, phases[p]) for p in PHASES]
     record["env"] = environment(first["versions"])
     record["extra"] = {**first["extra"], "repeat_times": repeat_times,
+                       "warmup_steps": first["timings"].get("warmup_steps"),
+                       "warmup_steady": first["timings"].get("warmup_steady"),
+                       "bound_cores": [r.get("bound_cores") for r in results] if first.get("bound_cores") else None,
                        "profile_backward_comm": phases["backward_comm"],
                        "per_rank_median": [statistics.median(r["timings"]["repeat_times"])
                                            for r in results]}
     record["extra"].update(model_extra(spec, results, phases["backward"], slowest))
+    record["extra"].update(peak_memory(results))
     return record
+
+
+def peak_memory(results: list[dict]) -> dict:
+    """Each rank's peak memory: the device's where its framework tracks it (GPUs), else the
+    rank's resident set; the largest over ranks and what it is a share of (the device's
+    memory, or the machine's)."""
+    device = [r.get("device_memory") for r in results]
+    if all(device):
+        peaks, total, kind = [d[0] for d in device], device[0][1], "device"
+    else:
+        machines = [r.get("machine") or {} for r in results]
+        peaks = [m.get("peak_resident_bytes") for m in machines]
+        total, kind = machines[0].get("memory_total_bytes"), "resident"
+    if not all(isinstance(p, int) for p in peaks):
+        return {}
+    return {"peak_memory_bytes": max(peaks), "rank_peak_memory_bytes": peaks, "peak_memory_kind": kind,
+            "memory_total_bytes": total}
+
+
+def bind_to_cores(config: RunConfig, rank: int) -> list[int] | None:
+    """With ``--option bind_cores=true``: this rank and the threads it starts from now on kept
+    to `threads_per_worker` cores of their own (slot rank mod slots of the cores this process
+    may use, so that ranks sharing a machine never share a core while there are enough); None
+    without the option or where the system cannot bind."""
+    if not config.options.get("bind_cores") or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, min(config.threads_per_worker, len(cores)))
+    slot = rank % max(1, len(cores) // per)
+    mine = cores[slot * per:(slot + 1) * per]
+    os.sched_setaffinity(0, mine)
+    return mine
 
 
 def main(argv: list[str]) -> int:
@@ -365,6 +437,7 @@ def main(argv: list[str]) -> int:
         return load_trainer(config.framework, config.mode).serve(config, role,
                                                     int(os.environ.get("DLC_ROLE_INDEX", "0")))
     dist = DistInfo.from_env()
+    bound = bind_to_cores(config, dist.rank)  # before the framework starts its thread pools
     spec = get_model(config.model)
     try:
         trainer_class = load_trainer(config.framework, config.mode).for_run(config)
@@ -395,7 +468,7 @@ def main(argv: list[str]) -> int:
         write_json_atomic(rank_dir / f"rank{dist.rank}.json",
                           {**rank_result(config, trainer, timings, profile.medians()),
                            **model_inputs(trainer, config), "profile_samples": profile.separate,
-                           "machine": machine,
+                           "machine": machine, "bound_cores": bound, "device_memory": trainer.device_memory(),
                            "profile_rounds": profile.rounds})
         trainer.barrier()
         if dist.rank == 0:

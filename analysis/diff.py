@@ -99,7 +99,7 @@ def _label(row) -> str:
     """'PyTorch DDP · alexnet · 1×2 · b16' (with links where shaped)."""
     parts = [tables.series_name(row["framework_label"], row["mode"]), str(row["model"]),
              tables.topology_short(row["nodes"], row["workers_per_node"]), f"b{int(row['batch_per_worker'])}"]
-    links = " ".join(v for v in (row["bandwidth"], row["latency"]) if v)
+    links = tables.links_text(row["bandwidth"], row["latency"])
     return " · ".join(parts + ([links] if links else []))
 
 
@@ -123,7 +123,7 @@ def diff_table(a_frame: pd.DataFrame, b_frame: pd.DataFrame,
         rows.append({"scheme": tables.series_name(row["framework_label_a"], row["mode"]), "model": row["model"],
                      "topology": tables.topology_short(row["nodes"], row["workers_per_node"]),
                      "batch_per_worker": int(row["batch_per_worker"]),
-                     "links": " ".join(v for v in (row["bandwidth"], row["latency"]) if v),
+                     "links": tables.links_text(row["bandwidth"], row["latency"]),
                      "framework": row["framework"], "mode": row["mode"], **found})
     return pd.DataFrame(rows), only["left_only"], only["right_only"]
 

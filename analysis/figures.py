@@ -77,7 +77,7 @@ def _with_series(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
     if "workers_per_node" not in table.columns:
         table["workers_per_node"] = pd.to_numeric(table["world_size"]) // pd.to_numeric(table["nodes"]).fillna(1)
-    links = [_links(b, lat) for b, lat in zip(_column(table, "bandwidth"), _column(table, "latency"))]
+    links = [tables.links_text(b, lat) for b, lat in zip(_column(table, "bandwidth"), _column(table, "latency"))]
     return table.assign(
         series=[series_name(lb, m) for lb, m in zip(table["framework_label"], table["mode"])],
         colour=[scheme_colour(f, m) for f, m in zip(table["framework"], table["mode"])],
@@ -88,11 +88,6 @@ def _with_series(table: pd.DataFrame) -> pd.DataFrame:
 
 def _column(table: pd.DataFrame, name: str) -> pd.Series:
     return table[name] if name in table.columns else pd.Series([None] * len(table), index=table.index)
-
-
-def _links(bandwidth, latency) -> str:
-    """'1Gbit 100us' for a run on emulated links, '' for one without."""
-    return " ".join(str(v) for v in (bandwidth, latency) if not missing(v) and str(v).strip())
 
 
 def _colours(table: pd.DataFrame) -> dict[str, str]:

@@ -290,7 +290,7 @@ def noise_table(frame: pd.DataFrame) -> pd.DataFrame:
         "scheme": [f"{f}:{m}" for f, m in zip(found["framework"], found["mode"])], "model": found["model"],
         "topology": [tables.topology_short(n, w) for n, w in zip(found["nodes"], found["workers_per_node"])],
         "batch_per_worker": found["batch_per_worker"],
-        "links": [" ".join(str(v) for v in (b, lat) if v) for b, lat in zip(found["bandwidth"], found["latency"])],
+        "links": [tables.links_text(b, lat) for b, lat in zip(found["bandwidth"], found["latency"])],
         "launches": [len(t) for t in found["launch_times"]],
         "launch_ms": [" ".join(f"{1e3 * x:.1f}" for x in t) for t in found["launch_times"]],
         "launch_cv_pct": [launch_cv_pct(t) for t in found["launch_times"]]})[NOISE_COLUMNS]

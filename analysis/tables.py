@@ -64,8 +64,9 @@ TABLE_DESCRIPTIONS: dict[str, str] = {
                "with its interval, each configuration's own between-launch CV; the winner's margin over the next "
                "with its interval, the test's p and whether it is beyond the between-launch noise (analysis.noise: "
                "true, false, or empty where one launch cannot test it), and where it is not, the launches each that "
-               "would resolve it; for each scheme the efficiency (with its interval) against its own "
-               "one-worker run and where the lost time per iteration went, in milliseconds: slower compute "
+               "would resolve it; for each scheme the efficiency and the speedup (with their interval) against "
+               "its own one-worker run (the baseline column names it) and where the lost time per iteration "
+               "went, in milliseconds: slower compute "
                "(forward and backward of each worker against the one-worker run), communication left exposed "
                "after backward, skew (waiting for the slowest rank), I/O, update, and the rest that the profile "
                "does not place.",
@@ -82,7 +83,9 @@ TABLE_DESCRIPTIONS: dict[str, str] = {
                "NaN where no one-worker baseline was measured.",
     "runs": "Every run: the threads each worker used, the machine's cores and how many ranks shared one machine "
             "(oversubscribed: ranks x threads above the cores on a CPU run), the 1-minute load average when its "
-            "timed loops began and ended, the cores other processes kept busy meanwhile, the loss at the first "
+            "timed loops began and ended, the cores other processes kept busy meanwhile, the largest peak memory "
+            "of its ranks in MiB (device memory where the framework tracks it on a GPU, else the resident set), "
+            "the loss at the first "
             "and last timed iteration (it should fall, or at least not explode), and the run's wall time.",
     "layers": "Milliseconds of backward per layer with parameters, in backward order (the time from the previous "
               "such layer's gradient being final to this one's), per scheme and topology (median over runs); "
@@ -310,13 +313,18 @@ def scaling_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 RUNS_COLUMNS: list[str] = ["scheme", "model", "topology", "batch_per_worker", "threads_per_worker", "cpu_cores",
                            "ranks_per_host", "oversubscribed", "load_avg_start", "load_avg_end", "other_load",
-                           "loss_first", "loss_last", "duration_s", "run_id"]
+                           "peak_memory_mib", "peak_memory_kind", "loss_first", "loss_last", "duration_s", "run_id"]
 
 
 def topology_short(nodes, workers_per_node) -> str:
     """'1×2': nodes × workers per node, how every figure and the verdict name a topology."""
     nodes = 1 if missing(nodes) else int(nodes)
     return f"{nodes}×{'?' if missing(workers_per_node) else int(workers_per_node)}"
+
+
+def links_text(bandwidth, latency) -> str:
+    """'1Gbit 100us' for a run on emulated links, '' for one without."""
+    return " ".join(str(v) for v in (bandwidth, latency) if not missing(v) and str(v).strip())
 
 
 def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -328,7 +336,9 @@ def runs_table(frame: pd.DataFrame) -> pd.DataFrame:
     ok = ok.assign(topology=[topology_short(n, w) for n, w in zip(ok["nodes"], ok["workers_per_node"])],
                    scheme=[series_name(lb, m) for lb, m in zip(ok["framework_label"], ok["mode"])],
                    oversubscribed=_numeric(ok, "oversubscribed").map(
-                       lambda v: None if missing(v) else ("yes" if v else "no")))
+                       lambda v: None if missing(v) else ("yes" if v else "no")),
+                   peak_memory_mib=_numeric(ok, "extra_peak_memory_bytes") / 2**20,
+                   peak_memory_kind=ok["extra_peak_memory_kind"] if "extra_peak_memory_kind" in ok else None)
     for column in RUNS_COLUMNS:
         if column not in ok.columns:
             ok[column] = None

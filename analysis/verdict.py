@@ -61,6 +61,9 @@ CAUSE_NAMES: dict[str, str] = {"compute": "slower compute", "comm": "exposed com
 BUSY_CORES = 0.5
 # Within-launch spread (p90 - p10) / median above which a configuration is flagged as unsteady.
 NOISY_SPREAD = 0.25
+# Peak memory above this share of the device's (or, for the ranks sharing a machine, of its
+# memory) is flagged: a larger batch would not fit, and allocator pressure slows steps.
+MEMORY_SHARE = 0.9
 # Efficiency above which weak scaling is "better than ideal": a slow one-worker run.
 SUPERLINEAR = 1.05
 TIE_PCT = 1.0
@@ -73,9 +76,10 @@ VERDICT_COLUMNS: list[str] = [
     "topology", "rank", "framework", "framework_label", "mode", "scheme", "series", "synchronous", "launches",
     "images_per_s", "images_per_s_low", "images_per_s_high", "launch_cv_pct", "iter_ms", "iter_ms_p10",
     "iter_ms_p90", "behind_winner_pct", "margin_pct", "margin_low_pct", "margin_high_pct", "p_value",
-    "beyond_noise", "launches_to_resolve", "efficiency", "efficiency_low", "efficiency_high", "baseline_iter_ms", "lost_ms", "compute_ms", "comm_ms", "skew_ms", "io_ms", "update_ms", "rest_ms",
+    "beyond_noise", "launches_to_resolve", "efficiency", "efficiency_low", "efficiency_high", "speedup", "speedup_low",
+    "speedup_high", "baseline", "baseline_iter_ms", "lost_ms", "compute_ms", "comm_ms", "skew_ms", "io_ms", "update_ms", "rest_ms",
     "compute_ratio", "comm_model_ms", "predicted_iter_ms", "cause", "cause_text", "flags", "threads_per_worker", "baseline_threads",
-    "cpu_cores", "ranks_per_host", "oversubscribed", "other_load"]
+    "cpu_cores", "ranks_per_host", "oversubscribed", "other_load", "peak_memory_mib"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,12 @@ def _run_facts(frame: pd.DataFrame) -> pd.DataFrame:
         arrival_sync=number("extra_sync_compute_s_before_comm"),
         comm_model=number("extra_prediction_comm_exposed_s"), predicted=number("predicted_iter_time"), threads=number("threads_per_worker"),
         cores=number("cpu_cores"), per_host=number("ranks_per_host"), oversub=number("oversubscribed"),
-        other=number("other_load"), sync=synchronous.fillna(1.0))
+        other=number("other_load"), sync=synchronous.fillna(1.0), peak=number("extra_peak_memory_bytes"),
+        memory=number("extra_memory_total_bytes"),
+        memory_kind=ok["extra_peak_memory_kind"] if "extra_peak_memory_kind" in ok else None,
+        steady=pd.Series([{True: 1.0, False: 0.0}.get(v, math.nan) if isinstance(v, bool) else math.nan
+                          for v in (ok["extra_warmup_steady"] if "extra_warmup_steady" in ok else [None] * len(ok))],
+                         index=ok.index))
 
 
 def _configs(frame: pd.DataFrame) -> pd.DataFrame:
@@ -131,11 +140,12 @@ def _configs(frame: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return runs
     medians = ["t", "t_p10", "t_p90", "thr", "compute", "io_s", "update_s", "comm_s", "overlap_f", "arrival_mean",
-               "arrival_sync", "comm_model", "predicted", "threads", "cores", "per_host"]
-    worst = ["oversub", "other"]
+               "arrival_sync", "comm_model", "predicted", "threads", "cores", "per_host", "memory"]
+    worst = ["oversub", "other", "peak"]
     grouped = runs.groupby(tables.CONFIG_KEYS, dropna=False, sort=True)
-    table = grouped[medians].median().join(grouped[worst].max()).join(grouped["sync"].min()) \
-        .join(grouped["device_kind"].first()).join(grouped["run_id"].size().rename("launches")).reset_index()
+    table = grouped[medians].median().join(grouped[worst].max()).join(grouped[["sync", "steady"]].min()) \
+        .join(grouped[["device_kind", "memory_kind"]].first()).join(grouped["run_id"].size().rename("launches")) \
+        .reset_index()
     scaling = tables.configs_with_speedup(frame)[tables.CONFIG_KEYS + ["efficiency", "baseline_mode"]]
     launches = launch_noise.launch_times(frame)
     table = table.merge(scaling, on=tables.CONFIG_KEYS, how="left").merge(launches, on=tables.CONFIG_KEYS, how="left")
@@ -268,6 +278,22 @@ def _cause_piece(cause: str, row: Row, baseline: Row, parts: dict[str, float]) -
     return f"{CAUSE_NAMES[cause]} {value} more than the one-worker run"
 
 
+def memory_text(row: Row) -> str:
+    """'a rank's peak held 93% of the device's 80.0 GiB' (device memory), or 'the 2 ranks on a
+    machine held up to 91% of its 24.0 GiB' (resident sets), past `MEMORY_SHARE`; else ''."""
+    peak, total = row.get("peak"), row.get("memory")
+    if missing(peak) or missing(total) or not total:
+        return ""
+    if row.get("memory_kind") == "device":
+        share = peak / total
+        text = f"a rank's peak held {100 * share:.0f}% of the device's {total / 2**30:.1f} GiB"
+    else:
+        ranks = 1 if missing(row["per_host"]) else int(row["per_host"])
+        share = ranks * peak / total
+        text = f"the {_plural(ranks, 'rank')} on a machine held up to {100 * share:.0f}% of its {total / 2**30:.1f} GiB"
+    return text if share > MEMORY_SHARE else ""
+
+
 def flags_text(row: Row) -> str:
     """What makes a configuration's numbers less trustworthy, '; '-separated ('' when nothing)."""
     flags = []
@@ -276,6 +302,10 @@ def flags_text(row: Row) -> str:
                      f"on {_plural(row['cores'], 'core')}")
     if busy_text(row):
         flags.append("busy machine: " + busy_text(row))
+    if memory_text(row):
+        flags.append("memory: " + memory_text(row))
+    if row.get("steady") == 0:
+        flags.append("not steady: a launch's step time still fell when its warm-up reached its cap")
     if not missing(row["t"]) and row["t"] > 0 and not missing(row["t_p90"]):
         spread = (row["t_p90"] - row["t_p10"]) / row["t"]
         if spread > NOISY_SPREAD:
@@ -311,9 +341,8 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
             "images_per_s": row["thr"], "images_per_s_low": row["thr"] / own, "images_per_s_high": row["thr"] * own,
             "launch_cv_pct": launch_noise.launch_cv_pct(row["launch_times"]),
             "iter_ms": row["t"] * 1e3, "iter_ms_p10": row["t_p10"] * 1e3,
-            "iter_ms_p90": row["t_p90"] * 1e3, "efficiency": efficiency,
-            "efficiency_low": efficiency * scaling.low / scaling.ratio if scaling else math.nan,
-            "efficiency_high": efficiency * scaling.high / scaling.ratio if scaling else math.nan,
+            "iter_ms_p90": row["t_p90"] * 1e3, **_scaling(row, efficiency, scaling),
+            "baseline": "" if baseline is None else f"{baseline['framework']}:{baseline['mode']} 1×1",
             "baseline_iter_ms": math.nan if baseline is None else baseline["t"] * 1e3,
             **{f"{name}_ms": parts[name] * 1e3 for name in ("lost", *CAUSES, "rest")},
             "compute_ratio": (row["compute"] / baseline["compute"]
@@ -321,9 +350,20 @@ def verdict_table(frame: pd.DataFrame) -> pd.DataFrame:
             "comm_model_ms": row["comm_model"] * 1e3, "predicted_iter_ms": row["predicted"] * 1e3, "cause": cause, "cause_text": text,
             "flags": flags_text(row), "threads_per_worker": row["threads"],
             "baseline_threads": math.nan if baseline is None else baseline["threads"], "cpu_cores": row["cores"],
-            "ranks_per_host": row["per_host"], "oversubscribed": row["oversub"], "other_load": row["other"]})
+            "ranks_per_host": row["per_host"], "oversubscribed": row["oversub"], "other_load": row["other"],
+            "peak_memory_mib": row["peak"] / 2**20})
     table = pd.DataFrame(rows)
     return _ranked(table, noise)[VERDICT_COLUMNS]
+
+
+def _scaling(row: Row, efficiency, scaling: launch_noise.Comparison | None) -> dict:
+    """Efficiency E(N) with the interval of the run's throughput over its baseline's (the
+    test's `compare`), and weak scaling's speedup S(N) = N·E(N) with the same interval."""
+    world = float(row["world_size"])
+    low, high = ((efficiency * scaling.low / scaling.ratio, efficiency * scaling.high / scaling.ratio)
+                 if scaling else (math.nan, math.nan))
+    return {"efficiency": efficiency, "efficiency_low": low, "efficiency_high": high,
+            "speedup": world * efficiency, "speedup_low": world * low, "speedup_high": world * high}
 
 
 def _ranked(table: pd.DataFrame, noise: launch_noise.Noise) -> pd.DataFrame:

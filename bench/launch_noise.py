@@ -3,8 +3,10 @@
     python -m bench.launch_noise [--launches 6] [--out results/bench-launch-noise]
 
 Runs the README's example campaign (`examples/campaign.yaml`: three schemes on the same PyTorch
-compute, one and two workers) with `--launches` launches of each configuration in shuffled
-rounds, as a user runs it, then reads its store and reports:
+compute, one and two workers) twice, with each rank's threads bound to cores of their own
+(``--option bind_cores=true``) and without, `--launches` launches of each configuration in
+shuffled rounds, the two campaigns a round at a time in turn (resuming each with one launch
+more) so that the machine's drift falls on both alike.  For each it reads the store and reports:
 
 - the residual between-launch CV of the verdict's test (`analysis.noise.fit`: one effect per
   configuration, one per round) and how far the rounds drifted together;
@@ -14,10 +16,9 @@ rounds, as a user runs it, then reads its store and reports:
   default) up to `--launches`, at the measured noise;
 - the wall time per launch, so the default's cost can be read: L launches cost L times one.
 
-It does not measure core binding (each rank's threads pinned to its own cores): dlcompare does
-not bind, and this bench is where a binding would have to show a lower between-launch CV first.
-A resumed `--out` keeps its launches (delete the folder for a fresh measurement).  Writes
-``launch_noise.json`` beside the campaign.
+Binding stays off by default unless it lowers the between-launch CV here.  A resumed `--out`
+keeps its launches (delete the folder for a fresh measurement).  Writes ``launch_noise.json``
+under `--out`.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ from analysis.store import ResultStore  # noqa: E402
 EXAMPLE = REPO_ROOT / "examples" / "campaign.yaml"
 
 
-def run_example(out: Path, launches: int) -> float:
+BINDINGS = {"unbound": [], "bound": ["--option", "bind_cores=true"]}
+
+
+def run_example(out: Path, launches: int, extra: list[str]) -> float:
     """The example campaign with `launches` launches into `out`; its wall time in seconds."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "launchers.compare", str(EXAMPLE), "--launches", str(launches),
-                           "--out", str(out)], cwd=REPO_ROOT)
+                           "--out", str(out), *extra], cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
     if done.returncode != 0:
         raise SystemExit(f"bench.launch_noise: the example campaign exited {done.returncode}")
     return time.perf_counter() - started
@@ -68,7 +72,7 @@ def report(out: Path, launches: int, wall_s: float) -> dict:
         print(f"{k} launches each resolve {pct:.0f}% (80% power, level {noise.LEVEL:g})")
     per_launch = sum(durations) / len(durations) if durations else float("nan")
     print(f"{len(durations)} launches, {per_launch:.1f} s each on average; the campaign took {wall_s:.0f} s "
-          "with its report")
+          "with its reports")
     return {"cv_pct": fitted.cv_pct, "df": fitted.df, "drift_pct": fitted.drift_pct,
             "configurations": per_config.to_dict("records"), "aa_controls": controls,
             "resolvable_pct": resolvable, "launch_s": per_launch, "campaign_s": wall_s}
@@ -82,8 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.launches < 2:
         parser.error("--launches must be at least 2: one launch measures no noise between launches")
     out = Path(args.out).resolve()
-    wall_s = run_example(out, args.launches)
-    found = report(out, args.launches, wall_s)
+    wall_s = dict.fromkeys(BINDINGS, 0.0)
+    for launches in range(1, args.launches + 1):  # a round of each campaign in turn
+        for name, extra in BINDINGS.items():
+            wall_s[name] += run_example(out / name, launches, extra)
+    found = {}
+    for name in BINDINGS:
+        print(f"== {name}")
+        found[name] = report(out / name, args.launches, wall_s[name])
     (out / "launch_noise.json").write_text(json.dumps(found, indent=2, default=str))
     return 0
 

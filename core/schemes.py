@@ -67,6 +67,8 @@ OPTIONS: dict[str, Option] = {
     "ps_strategy": Option("TensorFlow ps: variable placement", "greedy"),
     "inter_op_threads": Option("TensorFlow: inter-op threads"),
     "mxnet_bn_running_var": Option("MXNet: 'biased' keeps MXNet's own batch-norm running variance", "unbiased"),
+    "bind_cores": Option("every framework: each rank's threads bound to cores of its own (CPU runs; "
+                         "bench/launch_noise.py measures whether it lowers the noise between launches)", False),
 }
 
 TORCH_OPTIONS = ("cudnn_benchmark", "pinned", "share_gpu")

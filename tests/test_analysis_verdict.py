@@ -192,3 +192,19 @@ def test_failed_runs_and_empty_frames_give_no_verdict():
     empty = verdict.verdict_table(pd.DataFrame(columns=list(run())))
     assert empty.empty and list(empty.columns) == verdict.VERDICT_COLUMNS
     assert verdict.verdicts(empty) == []
+
+
+def test_peak_memory_near_the_device_or_the_machine_is_flagged():
+    gib = 2 ** 30
+    near = run(per_node=2, extra_peak_memory_bytes=int(75 * gib), extra_memory_total_bytes=80 * gib,
+               extra_peak_memory_kind="device")
+    got = pick(table_of(near), "torch", "1×2")
+    assert "memory: a rank's peak held 94% of the device's 80.0 GiB" in got["flags"]
+    assert got["peak_memory_mib"] == pytest.approx(75 * 1024)
+    # two ranks of 12 GiB resident on a 24 GiB machine; one of 2 GiB is nothing to flag
+    shared = run(per_node=2, extra_peak_memory_bytes=12 * gib, extra_memory_total_bytes=24 * gib,
+                 extra_peak_memory_kind="resident")
+    assert "memory: the 2 ranks on a machine held up to 100% of its 24.0 GiB" in pick(table_of(shared), "torch", "1×2")["flags"]
+    small = run(per_node=2, extra_peak_memory_bytes=2 * gib, extra_memory_total_bytes=24 * gib,
+                extra_peak_memory_kind="resident")
+    assert "memory" not in pick(table_of(small), "torch", "1×2")["flags"]

@@ -41,6 +41,15 @@ def test_campaign_writes_records_tables_figures_report(campaign):
     pngs = list((out / "figures").glob("*.png"))
     assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert "PyTorch DDP" in result.stdout + result.stderr  # the terminal summary
+    from analysis.store import ResultStore
+
+    with ResultStore.for_campaign(out, create=False, read_only=True) as store:
+        extras = [r["extra"] for r in store.records()]
+    for extra in extras:  # each rank's resident peak on a CPU, a model and a framework's worth
+        assert extra["peak_memory_kind"] == "resident" and len(extra["rank_peak_memory_bytes"]) in (1, 2)
+        assert 50 * 2**20 < extra["peak_memory_bytes"] < extra["memory_total_bytes"]
+        assert extra["warmup_steady"] is True and extra["warmup_steps"] >= 1 + 2 * 2  # FAST: warmup 1, windows of 2
+    assert "peak_memory_mib" in (out / "tables" / "runs.csv").read_text().splitlines()[0]
 
 
 @pytest.mark.slow
@@ -186,3 +195,42 @@ def test_the_example_campaign_twice_never_names_two_different_clear_winners(tmp_
         winners.append(dict(zip(clear["topology"], clear["scheme"])))
     both = set(winners[0]) & set(winners[1])
     assert all(winners[0][t] == winners[1][t] for t in both), winners
+
+
+TWIN_ADAPTER = '''"""A test-only alias (tests/test_compare.py): CNTK-style's adapter under another name."""
+
+from adapters.cntk_style import CntkStyleTrainer
+
+TRAINERS = {"allreduce": CntkStyleTrainer}
+'''
+
+
+@pytest.mark.slow  # six real launches, once more at most
+def test_one_scheme_under_two_names_is_never_a_clear_win(tmp_path, torch_python):
+    """An A/A campaign: CNTK-style and the same adapter registered as `twin`, one worker, 3
+    launches each. The test errs at its level (5 %), so one retry on a fresh folder is allowed:
+    both calling a clear win happens in 1 of 400 such runs of a correct test."""
+    from tests.conftest import copy_of_the_repository, insert_at_table_end
+
+    repo = copy_of_the_repository(tmp_path / "repo")
+    (repo / "adapters" / "twin.py").write_text(TWIN_ADAPTER)
+    insert_at_table_end(repo / "core" / "schemes.py", '''    _framework_scheme(
+        "twin", "allreduce", "Twin", "#2F4F4F",
+        model=WHOLE_AFTER_BACKWARD, on_gpu=NCCL, transport="gloo", options=TORCH_OPTIONS, compute="pytorch"),
+''', "FRAMEWORK_SCHEMES: tuple", ")")
+    insert_at_table_end(repo / "core" / "schemes.py", '''    FrameworkFacts("twin", "Twin", ("allreduce",), 4.5),
+''', "FRAMEWORKS: dict[str, FrameworkFacts]", ")}")
+    insert_at_table_end(repo / "adapters" / "registry.py", '''    FrameworkInfo("twin", "adapters.twin", "torch", "torch", imports=("torch",)),
+''', "FRAMEWORKS: dict", ")}")
+    calls = []
+    for attempt in ("first", "retry"):
+        out = tmp_path / attempt
+        done = run_cli("launchers.compare", "--frameworks", "cntk-style,twin", "--model", "alexnet-tiny",
+                       "--workers", "1", "--launches", "3", *FAST, "--out", str(out), cwd=repo, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        winner = pd.read_csv(out / "tables" / "verdict.csv").query("rank == 1").iloc[0]
+        assert winner["launches"] == 3 and winner["beyond_noise"] in (True, False)
+        calls.append(bool(winner["beyond_noise"]))
+        if not calls[-1]:
+            break
+    assert calls[-1] is False, f"one scheme under two names called a clear win twice: {calls}"
