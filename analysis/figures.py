@@ -404,8 +404,10 @@ def _sweep_x(column: str, values: pd.Series) -> pd.Series:
 
 
 def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """The verdict table (one row per configuration) with what a sweep figure draws: the
-    p10-p90 band of throughput and efficiency, and the model's prediction of the three."""
+    """The verdict table (one row per configuration) with what a sweep figure draws: the band
+    of throughput and efficiency (their interval over launches, `analysis.noise`; the p10-p90
+    of the repeats where a configuration ran in one launch), and the model's prediction of the
+    three."""
     table = verdict.verdict_table(frame)
     if table.empty:
         return table
@@ -418,10 +420,18 @@ def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
     images = throughput * iter_ms  # images per iteration (× 1000): the global batch, whatever the time
     return _with_series(table.assign(
         images_per_s=throughput, efficiency=efficiency, comm_ms=pd.to_numeric(table["comm_ms"], errors="coerce"),
-        images_per_s_low=throughput * iter_ms / p90, images_per_s_high=throughput * iter_ms / p10,
-        efficiency_low=efficiency * iter_ms / p90, efficiency_high=efficiency * iter_ms / p10,
+        images_per_s_low=_band(table, "images_per_s_low", throughput * iter_ms / p90),
+        images_per_s_high=_band(table, "images_per_s_high", throughput * iter_ms / p10),
+        efficiency_low=_band(table, "efficiency_low", efficiency * iter_ms / p90),
+        efficiency_high=_band(table, "efficiency_high", efficiency * iter_ms / p10),
         images_per_s_pred=images / predicted, efficiency_pred=baseline / predicted,
         comm_ms_pred=pd.to_numeric(table["comm_model_ms"], errors="coerce")))
+
+
+def _band(table: pd.DataFrame, column: str, within_launch: pd.Series) -> pd.Series:
+    """The verdict's interval over launches where it has one, else the within-launch band."""
+    between = pd.to_numeric(table[column], errors="coerce")
+    return between.where(between.notna(), within_launch)
 
 
 def swept(table: pd.DataFrame) -> list[str]:
@@ -484,7 +494,7 @@ def _sweep_facets(table: pd.DataFrame, sweep: Sweep) -> tuple[list[tuple[str, pd
 
 def sweep_lines(frame: pd.DataFrame, out_dir: str | Path, dimension: str) -> Path | None:
     """Throughput, efficiency and exposed communication (rows of panels) against a swept
-    dimension: one line per scheme in its colour with its p10-p90 band, the model's
+    dimension: one line per scheme in its colour with its band (`sweep_table`), the model's
     prediction dashed with hollow markers; one column of panels per combination of the
     dimensions left.  None where the campaign did not sweep `dimension` (see `swept`)."""
     sweep = SWEEPS[dimension]
@@ -507,7 +517,7 @@ def sweep_lines(frame: pd.DataFrame, out_dir: str | Path, dimension: str) -> Pat
             _sweep_axis(ax, sorted(rows["_x"].unique()), sweep.log)
     _scheme_legend(grid[0, -1], {n: colours[n] for n in sorted(colours)}, fontsize=8, title="scheme",
                    title_fontsize=8, **OUTSIDE)
-    grid[1, -1].legend(handles=[Line2D([], [], color="black", marker="o", label="measured (p10–p90 band)"),
+    grid[1, -1].legend(handles=[Line2D([], [], color="black", marker="o", label="measured (band: interval over launches)"),
                                 Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="--",
                                        label="predicted by the model")], fontsize=8, **OUTSIDE)
     return _save(fig, out_dir, f"sweep_{dimension}", f"Against {sweep.axis}: measured and predicted", drawn, note)

@@ -306,8 +306,11 @@ def shared_computation(frame: pd.DataFrame, fitted: Noise) -> list[dict]:
     controls = []
     if single.empty:
         return controls
+    keys = [config_key(r) for r in single.to_dict("records")]
+    # fastest and slowest by the fitted effect (rounds' drift removed), by the median without a fit
     single = single.assign(compute=[shared_compute(f, m) for f, m in zip(single["framework"], single["mode"])],
-                           median=[float(np.median(t)) for t in single["launch_times"]])
+                           median=[fitted.effects[k][0] if k in fitted.effects else float(np.log(np.median(t)))
+                                   for k, t in zip(keys, single["launch_times"])])
     for _, group in single.groupby(["model", "device", "batch_per_worker", "compute"], dropna=False, sort=True):
         if len(group) < 2:
             continue

@@ -12,7 +12,8 @@ The estimate of a run, in order of preference:
 3. the measured defaults: the model catalogue's seconds per step and sample
    (`models.ModelFacts.step_s_per_sample`) and the start-up.
 
-A run takes warm-up + iterations × repeats steps, plus three kinds of profile iterations (run
+A run takes warm-up (its fixed steps and at least two windows of the steady-state check) +
+iterations × repeats steps, plus three kinds of profile iterations (run
 after backward, the framework's own way, and per-layer backward timing).  On a CPU, the workers on
 one machine share its cores (threads per worker = cores / workers), so a step of two workers
 is slower than one worker's: T threads make a step T ** 0.8 times faster than one.
@@ -27,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from adapters.base import RunConfig
+from analysis.rendering import missing
 from core import schemes as catalogue
 from core.envs import EnvUnavailable, environment_for
 from launchers import plan as planning
@@ -103,8 +105,11 @@ def image_rows(campaign: planning.Campaign) -> list[tuple[str, str, float | None
 # --------------------------------------------------------------------------- duration
 
 def steps_of(run: RunConfig) -> int:
-    """Training steps one run takes: warm-up, timed, and three kinds of profile iterations."""
-    return run.warmup + run.iterations * run.repeats + 3 * max(1, run.profile_iterations)
+    """Training steps one run takes: warm-up (the fixed steps, then at least the two windows
+    of iterations / 2 that the steady-state check compares), timed, and three kinds of
+    profile iterations."""
+    windows = 2 * max(2, run.iterations // 2)
+    return run.warmup + windows + run.iterations * run.repeats + 3 * max(1, run.profile_iterations)
 
 
 def _stored_same(stored: pd.DataFrame, run: RunConfig) -> pd.Series | None:
@@ -137,7 +142,8 @@ def estimate_run(run: RunConfig, stored: pd.DataFrame) -> tuple[float | None, st
     same = _stored_same(stored, run) if len(stored) else None
     if same is not None:
         step = float(same["iter_time_median"])
-        old_steps = int(same["warmup"]) + int(same["iterations"]) * int(same["repeats"])
+        warmed = same.get("extra_warmup_steps")  # the steps its warm-up took, where recorded
+        old_steps = (int(same["warmup"]) if missing(warmed) else int(warmed)) + int(same["iterations"]) * int(same["repeats"])
         began = max(0.0, float(same["duration_s"]) - old_steps * step)
         return began + steps_of(run) * step, "stored"
     threads = max(1, run.threads_per_worker)

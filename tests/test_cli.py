@@ -42,7 +42,7 @@ def test_pip_install_e_gives_a_dlcompare_command_that_dry_runs_the_example(tmp_p
     result = subprocess.run([dlcompare, "run", "--dry-run", "examples/campaign.yaml", "--out", str(tmp_path / "c")],
                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Plan: 6 runs" in result.stderr and "Estimated duration: 6 runs to run" in result.stderr
+    assert "Plan: 12 runs in 2 rounds" in result.stderr and "Estimated duration: 12 runs to run" in result.stderr
     assert not (tmp_path / "c").exists()  # a dry run stores nothing
     helped = subprocess.run([dlcompare, "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and all(name in helped.stdout for name in ("run", "report", "predict"))
@@ -130,7 +130,7 @@ def test_dry_run_names_environments_to_build_with_their_measured_time(tmp_path, 
 def test_duration_from_the_measured_defaults_by_hand():
     run = planning.expand(campaign_of())[1]  # torch, 1 node x 2 workers: 1 thread each
     assert (run.workers_per_node, run.threads_per_worker) == (2, 1)
-    steps = 3 + 10 * 3 + 3 * 3
+    steps = 3 + 2 * 5 + 10 * 3 + 3 * 3  # warm-up: fixed, then two windows of 5; timed; profile
     expected = (catalogue.FRAMEWORKS["torch"].startup_s
                 + steps * model_facts("alexnet-tiny").step_s_per_sample * 16)
     assert dryrun.estimate_run(run, pd.DataFrame()) == (pytest.approx(expected), "defaults")
@@ -145,8 +145,8 @@ def test_duration_from_a_stored_run_of_the_same_configuration():
                             "warmup": 1, "iterations": 5, "repeats": 2, "duration_s": 5.22, "status": "ok",
                             "threads_per_worker": 2}])
     seconds, source = dryrun.estimate_run(run, stored)
-    # its start-up: 5.22 s - 11 steps x 20 ms = 5.0 s; then this run's 42 steps at 20 ms
-    assert source == "stored" and seconds == pytest.approx(5.0 + 42 * 0.02)
+    # its start-up: 5.22 s - 11 steps x 20 ms = 5.0 s; then this run's 52 steps at 20 ms
+    assert source == "stored" and seconds == pytest.approx(5.0 + 52 * 0.02)
     total, sources = dryrun.estimate(planning.expand(campaign_of()), stored)
     assert sources == {"stored": 4, "defaults": 0, "unknown": 0}  # the others scale its iteration time
 
