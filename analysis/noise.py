@@ -194,12 +194,15 @@ def interval_factor(launches: int, noise: Noise, level: float = LEVEL) -> float:
     return math.exp(_critical(noise.df, level) * noise.sd / math.sqrt(launches))
 
 
-def compare(a, b, noise: Noise, level: float = LEVEL) -> Comparison:
+def compare(a, b, noise: Noise, level: float = LEVEL, images_ratio: float = 1.0) -> Comparison:
     """Configuration a against b (keys of the fit's configurations): the throughput ratio
-    a/b with its interval; beyond noise when that excludes 1."""
+    a/b with its interval; beyond noise when that excludes 1.  `images_ratio`: a's images per
+    iteration over b's, where they differ (another batch or world size), so that the ratio is
+    of throughput, not of iteration time."""
     if not noise.known or a not in noise.effects or b not in noise.effects:
         return Comparison(math.nan, math.nan, math.nan, math.nan, None, (0, 0), level)
     d, se = noise.contrast(a, b)
+    d += math.log(images_ratio)
     half = _critical(noise.df, level) * se
     p = 2 * float(stats.t.sf(abs(d) / se, noise.df)) if se > 0 else (0.0 if d else 1.0)
     return Comparison(math.exp(d), math.exp(d - half), math.exp(d + half), p, bool(p < level),

@@ -202,7 +202,8 @@ def answer(table: pd.DataFrame, rows: pd.DataFrame, frame: pd.DataFrame) -> tupl
         return merged, text + "the model's first pick was not measured"
     if first["config_key"] == winner["config_key"]:
         return merged, text + "the model's first pick was the measured best"
-    test = noise.compare(winner["config_key"], first["config_key"], noise.campaign_noise(frame))
+    images = (winner["batch_per_worker"] * winner["world_size"]) / (first["batch_per_worker"] * first["world_size"])
+    test = noise.compare(winner["config_key"], first["config_key"], noise.campaign_noise(frame), images_ratio=images)
     how = {True: "beyond the between-launch noise", False: "within the between-launch noise",
            None: "untestable with one launch each"}[test.beyond]
     return merged, (text + f"the model's first pick ({first['scheme']} b{first['batch_per_worker']}) measured "

@@ -55,7 +55,7 @@ def test_an_unbalanced_campaign_matches_a_full_least_squares_fit():
     cov = fitted.sd ** 2 * np.linalg.inv(design.T @ design)
     contrast = np.zeros(design.shape[1])
     contrast[[0, 3]] = [1, -1]  # a against d
-    d, se = fitted.contrast("d", "a")  # d's effect minus a's: log(d's throughput / a's)... as time a - d
+    d, se = fitted.contrast("d", "a")  # log of d's throughput over a's: a's log time less d's
     assert d == pytest.approx(beta[0] - beta[3]) and se == pytest.approx(math.sqrt(contrast @ cov @ contrast))
 
 
@@ -98,7 +98,7 @@ def test_two_identical_schemes_are_called_apart_about_as_often_as_the_level_says
 
 
 def test_the_within_launch_rule_would_fail_that_bound():
-    """The rule the verdict used before launches (a win is clear where the p10-p90 of the two
+    """A rule that reads the within-launch spread (a win is clear where the p10-p90 of the two
     schemes' in-process repeats do not overlap) on the same kind of draws, one launch each with
     3 repeats 2 % apart: it calls identical schemes apart far above the level."""
     rng = np.random.default_rng(5)

@@ -56,5 +56,7 @@ def test_tune_measures_what_can_win_and_its_answer_holds_against_the_full_grid(t
             tuned["scheme"], tuned["batch_per_worker"], tuned["workers_per_node"]):
         found = rows[(rows["scheme"] == tuned["scheme"]) & (rows["batch_per_worker"] == tuned["batch_per_worker"])
                      & (rows["workers_per_node"] == tuned["workers_per_node"])].iloc[0]
-        test = noise.compare(noise.config_key(best), noise.config_key(found), noise.campaign_noise(frame))
+        images = (best["batch_per_worker"] * best["world_size"]) / (found["batch_per_worker"] * found["world_size"])
+        test = noise.compare(noise.config_key(best), noise.config_key(found), noise.campaign_noise(frame),
+                             images_ratio=images)
         assert test.beyond is not True, (best["scheme"], tuned["scheme"], test)
