@@ -201,6 +201,12 @@ class Trainer(abc.ABC):
         bytes, on an accelerator whose framework tracks it; None on a CPU or where it does not."""
         return None
 
+    def last_messages(self) -> list[list] | None:
+        """The messages of the latest iteration as [[name, start, end, bytes]], wall-clock
+        seconds (`MessageLog`), for the run's trace; None where the framework sends them out of
+        sight of Python (DDP's reducer, Horovod's background thread, a compiled step)."""
+        return None
+
     def any_rank(self, flag: bool) -> bool | None:
         """Whether any rank passed True, the same answer on every rank: for what all ranks must
         decide together (how long warm-up lasts).  None where this trainer cannot ask the other
@@ -344,6 +350,22 @@ class Trainer(abc.ABC):
             self.sync()
             measured.append((time.perf_counter() - start) / iters)
         return measured
+
+
+class MessageLog:
+    """The messages a scheme's own code sends in one iteration, each timed around its blocking
+    call: what `Trainer.last_messages` gives the run's trace (analysis/trace.py)."""
+
+    def __init__(self):
+        self.messages: list[list] = []
+
+    def clear(self) -> None:
+        self.messages = []
+
+    def timed(self, name: str, nbytes: int, send: Callable[[], None]) -> None:
+        start = time.time()
+        send()
+        self.messages.append([name, start, time.time(), int(nbytes)])
 
 
 class PhaseTimer:

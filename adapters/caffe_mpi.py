@@ -21,14 +21,17 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from adapters.base import MessageLog
 from adapters.pytorch import TorchTrainer
 
 
 class LayerwiseAllreducer:
     """The communication thread: all-reduce (average) each gradient once it is ready."""
 
-    def __init__(self, parameters: list, world_size: int, comm):
+    def __init__(self, parameters: list, world_size: int, comm, names: dict[int, str]):
         self.parameters = list(reversed(parameters))  # backward order
+        self.names = names  # id(parameter) -> its name, for the trace's messages
+        self.log = MessageLog()
         self.world_size = world_size
         self.comm = comm
         self.ready = {id(p): threading.Event() for p in self.parameters}
@@ -51,6 +54,7 @@ class LayerwiseAllreducer:
         """Called before backward: arm the hooks and release the thread for one iteration."""
         for event in self.ready.values():
             event.clear()
+        self.log.clear()
         self.backward_done.clear()
         self.finished.clear()
         self.enabled = True
@@ -91,8 +95,14 @@ class LayerwiseAllreducer:
                 ready_here += 1
             ready_everywhere = agree_politely(self.comm, ready_here, self.backward_done)
             for parameter in self.parameters[done:ready_everywhere]:
-                allreduce_average(parameter.grad, self.comm, self.world_size)
+                self.send(parameter)
             done = ready_everywhere
+
+    def send(self, parameter) -> None:
+        """One layer-wise all-reduce, timed for the trace."""
+        grad = parameter.grad
+        self.log.timed(self.names[id(parameter)], grad.numel() * grad.element_size(),
+                       lambda: allreduce_average(grad, self.comm, self.world_size))
 
     def stop(self) -> None:
         self.stopping = True
@@ -148,8 +158,9 @@ class CaffeMpiStyleTrainer(TorchTrainer):
         if self.comm.Get_size() != self.dist.world_size:
             raise RuntimeError(f"MPI world has {self.comm.Get_size()} ranks, "
                                f"the run expects {self.dist.world_size}")
-        params = [p for p in network.parameters() if p.requires_grad]
-        self.reducer = (LayerwiseAllreducer(params, self.dist.world_size, self.comm)
+        named = [(name, p) for name, p in network.named_parameters() if p.requires_grad]
+        self.reducer = (LayerwiseAllreducer([p for _, p in named], self.dist.world_size, self.comm,
+                                            {id(p): name for name, p in named})
                         if self.dist.distributed else None)
         return network
 
@@ -166,8 +177,12 @@ class CaffeMpiStyleTrainer(TorchTrainer):
 
     def aggregate_after_backward(self):
         """The same layer-wise all-reduces, run after backward on this thread (no overlap)."""
+        self.reducer.log.clear()
         for parameter in self.reducer.parameters:
-            allreduce_average(parameter.grad, self.comm, self.dist.world_size)
+            self.reducer.send(parameter)
+
+    def last_messages(self):
+        return self.reducer.log.messages if self.reducer is not None else None
 
     def barrier(self):
         self.comm.Barrier()

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -54,13 +55,14 @@ if __name__ == "__main__":  # before the imports below: the launcher may be gone
 
 import numpy as np  # noqa: E402
 
-from adapters.base import DistInfo, FrameworkUnavailable, RunConfig  # noqa: E402
+from adapters.base import DistInfo, FrameworkUnavailable, RunConfig, Trainer  # noqa: E402
 from adapters.calibration import run_calibration  # noqa: E402
 from adapters.data import rank_batch_start, synthetic_batch  # noqa: E402
 from adapters.machine import interval, machine_fields, sample  # noqa: E402
 from adapters.rankfiles import environment, wait_for_rank_files  # noqa: E402
 from adapters.registry import framework_info, load_trainer  # noqa: E402
 from analysis.perfmodel import split_backward_by_flops  # noqa: E402
+from analysis import trace  # noqa: E402
 from analysis.record import PHASES, empty_record, phase_entry  # noqa: E402
 from core.files import write_json_atomic, write_text_atomic  # noqa: E402
 from models import canonical_weights, get_model  # noqa: E402
@@ -169,17 +171,39 @@ class ProfileRounds:
         self.separate: list[dict] = []  # each separated iteration's phases (for the model)
         self.overlapped: list[dict] = []
         self.rounds: list[int] = []  # profile iterations after each timed loop
+        self.timed: dict[str, list[dict]] = {"separated": [], "overlapped": []}  # for the trace
+        self.clock_s = clock_at_barrier(trainer)
 
     def share(self, repeat: int) -> None:
         """After timed loop `repeat`: this loop's share of the profile iterations."""
         total, repeats = self.config.profile_iterations, max(1, self.config.repeats)
         count = total * (repeat + 1) // repeats - total * repeat // repeats
         for _ in range(count):
-            self.separate.append(self.trainer.profile_step(overlapped=False))
+            self.separate.append(self._profile("separated"))
             self.progress.advance("profile")
-            self.overlapped.append(self.trainer.profile_step(overlapped=True))
+            self.overlapped.append(self._profile("overlapped"))
             self.progress.advance("profile")
         self.rounds.append(count)
+
+    def _profile(self, kind: str) -> dict:
+        """One profile iteration of `kind`, kept with its wall-clock start and the messages
+        the scheme exposes for the trace."""
+        start = time.time()
+        laps = self.trainer.profile_step(overlapped=kind == "overlapped")
+        messages = self.trainer.last_messages() if self.trainer.dist.distributed else None
+        self.timed[kind].append({"kind": kind, "start_s": start, "laps": dict(laps),
+                                 "messages": [list(m) for m in messages] if messages else None})
+        return laps
+
+    def trace(self) -> dict:
+        """This rank's part of the run's trace (analysis/trace.py): of each kind the profile
+        iteration of median length, as it ran (not a median of phases, which no iteration had)."""
+        def median_iteration(iterations: list[dict]) -> dict:
+            ordered = sorted(iterations, key=lambda it: sum(it["laps"].values()))
+            return ordered[(len(ordered) - 1) // 2]
+
+        return {"rank": self.trainer.dist.rank, "host": socket.gethostname(), "clock_s": self.clock_s,
+                "iterations": [median_iteration(its) for its in self.timed.values() if its]}
 
     def medians(self) -> dict:
         """Median seconds per phase over the profile iterations of both kinds."""
@@ -187,6 +211,16 @@ class ProfileRounds:
         medians["backward_comm"] = statistics.median(p["backward_comm"] for p in self.overlapped)
         medians["iteration_overlapped"] = statistics.median(sum(p.values()) for p in self.overlapped)
         return medians
+
+
+def clock_at_barrier(trainer) -> float | None:
+    """The wall clock right after a barrier that every rank leaves within its latency: the
+    trace shifts each rank by its reading's difference from rank 0's, so hosts whose clocks
+    differ line up.  None where the trainer has no barrier (ranks line up by wall clock)."""
+    if trainer.dist.distributed and type(trainer).barrier is Trainer.barrier:
+        return None
+    trainer.barrier()
+    return time.time()
 
 
 def overlap_fraction(backward: float, comm: float, backward_comm: float) -> float | None:
@@ -469,11 +503,15 @@ def main(argv: list[str]) -> int:
                           {**rank_result(config, trainer, timings, profile.medians()),
                            **model_inputs(trainer, config), "profile_samples": profile.separate,
                            "machine": machine, "bound_cores": bound, "device_memory": trainer.device_memory(),
-                           "profile_rounds": profile.rounds})
+                           "profile_rounds": profile.rounds, "trace": profile.trace()})
         trainer.barrier()
         if dist.rank == 0:
             results = wait_for_rank_files(rank_dir, dist.world_size)
-            write_json_atomic(Path(config.record_path), merge_ranks(config, spec, results))
+            record = merge_ranks(config, spec, results)
+            trace.write(Path(config.record_path).parent / trace.TRACE_FILE,
+                        trace.measured(record, [dict(r["trace"], layer_ready=r.get("layer_ready"))
+                                                 for r in results]))
+            write_json_atomic(Path(config.record_path), record)
         return 0
     finally:
         trainer.close()

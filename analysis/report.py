@@ -47,7 +47,7 @@ if __name__ == "__main__":  # `python3 -m analysis.report` from any Python: pand
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, FileSystemLoader, StrictUndefined  # noqa: E402
 
-from analysis import figures, noise, overview, tables, verdict
+from analysis import figures, noise, overview, tables, trace, verdict
 from analysis.palette import scheme_colour
 from analysis.predict import refresh_predictions
 from analysis.rendering import display_frame, flatten_columns, float_format, missing
@@ -124,6 +124,7 @@ class Cell:
 
     text: str
     kind: str = ""
+    href: str = ""  # a link relative to the page (the runs table's traces)
 
 
 MISSING = Cell("—", "missing")
@@ -142,6 +143,8 @@ def cell(column: str, value) -> Cell:
     """Numbers right-aligned in the column's format, missing values as a dash."""
     if missing(value):
         return MISSING
+    if column == "trace":
+        return Cell("trace.json", href=str(value))
     if isinstance(value, float):
         return Cell(format(value, float_format(column)), "num")
     if (isinstance(value, int) and not isinstance(value, bool)) or column in NUMERIC_TEXT:
@@ -572,6 +575,13 @@ def _drop_stale_figures(out_dir: Path, made: dict[str, Path]) -> None:
             path.unlink()
 
 
+def with_traces(runs: pd.DataFrame, out_dir: Path) -> pd.DataFrame:
+    """The runs table with each run's trace (analysis/trace.py) as a path relative to the
+    report, where the run wrote one."""
+    paths = [f"runs/{run_id}/{trace.TRACE_FILE}" for run_id in runs["run_id"]]
+    return runs.assign(trace=[p if (out_dir / p).exists() else None for p in paths])
+
+
 def build_report(out_dir: str | Path) -> Path:
     """Read the campaign's store, write tables, figures and report.html; return its path.
 
@@ -580,7 +590,7 @@ def build_report(out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     with ResultStore.for_campaign(out_dir, create=False) as store:
         try:  # predictions with the campaign's current calibration (stored for every run)
-            refresh_predictions(store)
+            trace.update_model_process(out_dir, refresh_predictions(store))
         except StoreError:
             pass  # a read-only store keeps the predictions it has
         frame = store.campaign_frame()
@@ -589,6 +599,7 @@ def build_report(out_dir: str | Path) -> Path:
     built = {**tables.build_tables(frame, calibrations), "verdict": verdict.verdict_table(frame),
              "noise": noise.noise_table(frame),
              **tables.study_tables(frame)}
+    built["runs"] = with_traces(built["runs"], out_dir)
     tables.write_tables(frame, out_dir, built=built)
     made = figures.make_figures(frame, out_dir)
     _drop_stale_figures(out_dir, made)

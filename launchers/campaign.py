@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from adapters.base import RunConfig
 from adapters.data import jpeg_dataset_dir, make_jpeg_dataset
 from adapters.registry import framework_info
 from analysis import noise
+from analysis import trace
 from analysis.predict import predict_stored
 from analysis.record import empty_record
 from analysis.report import build_report
@@ -115,18 +115,12 @@ def print_plan(campaign: planning.Campaign, runs: list[RunConfig], stored: set[s
                       f"{run.nodes}x{run.workers_per_node}", str(run.batch_per_worker),
                       f"{run.launch}/{launches}", "stored" if run.run_id in stored else "to run")
     console.print(table)
-    beyond = sorted({k for k in map(stored_launch, stored) if k > launches})
+    beyond = sorted({k for k in map(planning.launch_in, stored) if k > launches})
     if beyond:
         console.print(f"[yellow]the store holds launch{'es' if len(beyond) > 1 else ''} "
                       f"{', '.join(map(str, beyond))} of some configurations, beyond --launches {launches}: "
                       f"they are kept, and the tables, the verdict and the report use launches 1-{launches}[/yellow]",
                       soft_wrap=True)
-
-
-def stored_launch(run_id: str) -> int:
-    """The launch a stored run id names (``...-l3``: 3; launch 1 has no suffix)."""
-    found = re.search(r"-l(\d+)$", run_id)
-    return int(found.group(1)) if found else 1
 
 
 def prepare_environments(campaign: planning.Campaign):
@@ -219,6 +213,7 @@ def execute(run: RunConfig, pythons: Interpreters, campaign: planning.Campaign,
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     info = framework_info(run.framework)
     Path(run.record_path).unlink(missing_ok=True)
+    (Path(run.record_path).parent / trace.TRACE_FILE).unlink(missing_ok=True)
     python, extra_env = pythons.python(info), pythons.rank_env(info)
     cluster = cluster or transport_for(None)  # the default: this machine
     runtime = containers.runtime_for(run, info.env, python) if containers else None
@@ -315,7 +310,9 @@ def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
                 record = execute(run, pythons, campaign, update, cluster, containers)
             record.setdefault("extra", {}).update(launch=run.launch, order_seed=campaign.seed)
             store_record(store, run, record)
-            predict_stored(store, record, console)  # the performance model's prediction
+            predicted = predict_stored(store, record, console)  # the performance model's prediction
+            if predicted is not None:  # beside the measured ranks in the run's trace
+                trace.update_model_process(campaign.out, [predicted])
             records.append(record)
             progress.update(task, description=f"  {run.run_id} [{record['status']}]")
             progress.remove_task(task) if record["status"] == "ok" else None

@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "calibrate": Subcommand("launchers.calibrate", True, "fit the communication model (alpha, beta, contention)"),
     "images": Subcommand("launchers.images", True, "build or list the per-framework container images"),
     "check": Subcommand("launchers.check", True, "compare loss, gradients and one step across frameworks"),
+    "trace": Subcommand("analysis.trace", True, "the path of a run's trace of one iteration, every rank and the model"),
     "tune": Subcommand("launchers.tune", False, "predict a space of schemes and sizes, measure only what can win"),
     "models": Subcommand("models.__main__", False, "list the networks or summarise one layer by layer"),
 }

@@ -250,14 +250,23 @@ def in_rounds(configs: list[RunConfig], launches: int, seed: int) -> list[RunCon
     return runs
 
 
+LAUNCH_SUFFIX = "-l{launch}"  # the run id of launch k > 1 of a configuration ends so
+
+
 def launch_of(run: RunConfig, launch: int) -> RunConfig:
     """Launch `launch` of a configuration: its own run id and folder, the same config hash."""
     if launch == 1:
         return dataclasses.replace(run, launch=1)
-    run_id = f"{run.run_id}-l{launch}"
+    run_id = run.run_id + LAUNCH_SUFFIX.format(launch=launch)
     run_dir = Path(run.rank_dir).parent / run_id
     return dataclasses.replace(run, run_id=run_id, record_path=str(run_dir / "record.json"),
                                rank_dir=str(run_dir), launch=launch)
+
+
+def launch_in(run_id: str) -> int:
+    """The launch a run id names (`launch_of`'s suffix: ``...-l3`` is 3; launch 1 has none)."""
+    found = re.search(re.escape(LAUNCH_SUFFIX.split("{")[0]) + r"(\d+)$", run_id)
+    return int(found.group(1)) if found else 1
 
 
 def configurations(campaign: Campaign) -> list[RunConfig]:

@@ -3,7 +3,8 @@
 The end-to-end promise: `compare --frameworks torch,tf,mxnet,cntk,cntk-style,
 caffe-mpi-style,horovod,jax --model googlenet-tiny --workers 1,2` (every registered framework)
 gives one report with every framework that can run here side by side, every 2-worker record
-measuring every phase and describing its scheme as the catalogue does, and a clear line for
+measuring every phase and describing its scheme as the catalogue does, every run's trace
+holding each of its ranks, and a clear line for
 any that cannot (real CNTK needs a Python 3.6 interpreter, which a machine may lack).
 """
 
@@ -15,6 +16,7 @@ from adapters.registry import FRAMEWORKS
 from analysis.record import PHASES
 from core import schemes as catalogue
 from tests.conftest import assert_described_as_the_catalogue, run_cli, worker_processes
+from tests.test_trace import assert_traced
 
 MODEL = "googlenet-tiny"
 ALL = tuple(FRAMEWORKS)  # a framework joins the campaign by being registered
@@ -53,6 +55,7 @@ def test_every_framework_in_one_campaign_gives_one_report(tmp_path):
         if name not in unavailable:
             assert record["status"] == "ok", f"{name} x{n}: {record['error']}"
             assert record["throughput"] > 0
+            assert_traced(out, record)
             if n == 2:
                 assert_measures_its_phases_and_describes_its_scheme(record)
         print(f"{name:16s} x{n} {record['status']:7s} "
