@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from adapters.base import MessageLog
 from adapters.pytorch import TorchTrainer
 
 
 class CntkStyleTrainer(TorchTrainer):
     def _wrap_distributed(self, network):
-        self.log = MessageLog()
         if self.dist.distributed:
             dist.init_process_group(self.backend, rank=self.dist.rank,
                                     world_size=self.dist.world_size)
@@ -26,16 +24,6 @@ class CntkStyleTrainer(TorchTrainer):
         loss.backward()
         if self.dist.distributed:
             self.aggregate_after_backward()
-
-    def aggregate_after_backward(self):
-        """The one flat all-reduce, timed for the trace."""
-        self.log.clear()
-        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
-        self.log.timed("gradient", sum(g.numel() * g.element_size() for g in grads),
-                       super().aggregate_after_backward)
-
-    def last_messages(self):
-        return self.log.messages if self.dist.distributed else None
 
     def backward_local(self, loss):
         loss.backward()

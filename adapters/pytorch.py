@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from adapters.base import DistInfo, FrameworkUnavailable, PhaseTimer, RunConfig, Trainer
+from adapters.base import DistInfo, FrameworkUnavailable, MessageLog, PhaseTimer, RunConfig, Trainer
 from adapters.data import SyntheticBatches, decode_jpeg, list_jpeg_dataset
 from core import schemes as catalogue
 from models import layers as L
@@ -161,6 +161,7 @@ class TorchTrainer(Trainer):
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         self.network = Network(spec, config.dropout).to(self.device,
                                                          memory_format=self.memory_format)
+        self.log = MessageLog()  # the latest iteration's messages, for the run's trace
         self.model = self._wrap_distributed(self.network)
         self.optimizer = torch.optim.SGD(self.network.parameters(), lr=config.lr,
                                          momentum=config.momentum)
@@ -220,8 +221,11 @@ class TorchTrainer(Trainer):
         dist.init_process_group(self.backend, rank=self.dist.rank,
                                 world_size=self.dist.world_size)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(network, device_ids=device_ids,
-                                                   bucket_cap_mb=self.bucket_mb)
+        ddp = nn.parallel.DistributedDataParallel(network, device_ids=device_ids,
+                                                  bucket_cap_mb=self.bucket_mb)
+        if self.backend == "gloo":
+            ddp.register_comm_hook(self.log, timed_allreduce_hook)
+        return ddp
 
     @property
     def pinned(self) -> bool:
@@ -287,6 +291,7 @@ class TorchTrainer(Trainer):
     def step(self):
         images, labels = self._to_device(*next(self.batches))
         loss = self.loss_of(images, labels)
+        self.log.clear()
         self.optimizer.zero_grad(set_to_none=True)
         self.backward_and_aggregate(loss)
         self.optimizer.step()
@@ -303,6 +308,7 @@ class TorchTrainer(Trainer):
         with contextlib.nullcontext() if overlapped else self.no_communication():
             loss = self.loss_of(images, labels)
             timer.lap("forward")
+            self.log.clear()
             self.optimizer.zero_grad(set_to_none=True)
             if overlapped:
                 self.backward_and_aggregate(loss)
@@ -338,8 +344,12 @@ class TorchTrainer(Trainer):
 
     def aggregate_after_backward(self):
         """Average the gradients across ranks once backward is done: one flat all-reduce."""
-        allreduce_flat([p.grad for p in self.network.parameters() if p.grad is not None],
-                       self.dist.world_size)
+        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
+        self.log.timed("gradient", sum(g.numel() * g.element_size() for g in grads),
+                       lambda: allreduce_flat(grads, self.dist.world_size))
+
+    def last_messages(self):
+        return self.log.messages if self.dist.distributed else None
 
     def last_loss(self):
         return float(self._loss) if self._loss is not None else float("nan")
@@ -540,6 +550,24 @@ class TorchTrainer(Trainer):
             handles.append(self.submit_collective(tensors[i], f"dlcompare.probe.{stamps[i][0]}"))
 
         return self.replay_at([offset for _, offset in stamps], send, lambda: self._probe_wait(handles))
+
+
+def timed_allreduce_hook(log: MessageLog, bucket):  # no annotations: DDP checks them as objects
+    """DDP's comm hook over gloo: the bucket averaged as DDP's built-in all-reduce averages it
+    (divided by the world size, then summed), noted in `log` from the moment DDP hands it over
+    to the moment gloo has finished it, so the trace shows DDP's own messages.  Over NCCL the
+    future completes when the collective is queued, not done, so DDP keeps its built-in hook
+    and the trace shows no messages there."""
+    tensor, world = bucket.buffer(), dist.get_world_size()
+    start = time.time()
+    tensor.div_(world)
+
+    def done(future):
+        log.messages.append([f"bucket {bucket.index()}", start, time.time(),
+                             tensor.numel() * tensor.element_size()])
+        return future.value()[0]
+
+    return dist.all_reduce(tensor, async_op=True).get_future().then(done)
 
 
 def allreduce_flat(grads: list, world_size: int) -> None:

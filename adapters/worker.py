@@ -196,14 +196,10 @@ class ProfileRounds:
         return laps
 
     def trace(self) -> dict:
-        """This rank's part of the run's trace (analysis/trace.py): of each kind the profile
-        iteration of median length, as it ran (not a median of phases, which no iteration had)."""
-        def median_iteration(iterations: list[dict]) -> dict:
-            ordered = sorted(iterations, key=lambda it: sum(it["laps"].values()))
-            return ordered[(len(ordered) - 1) // 2]
-
+        """This rank's part of the run's trace (analysis/trace.py): every profile iteration as
+        it ran, in order, so that the trace can show the same iteration on every rank."""
         return {"rank": self.trainer.dist.rank, "host": socket.gethostname(), "clock_s": self.clock_s,
-                "iterations": [median_iteration(its) for its in self.timed.values() if its]}
+                "iterations": [it for kind in self.timed.values() for it in kind]}
 
     def medians(self) -> dict:
         """Median seconds per phase over the profile iterations of both kinds."""

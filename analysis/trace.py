@@ -4,8 +4,9 @@ that Perfetto (ui.perfetto.dev) and chrome://tracing open.
 What the file holds, one process per row group of the viewer:
 
 - **each rank** (process ``rank r · host``), thread ``compute``: two profile iterations as that
-  rank ran them, each the one of median length of its kind (adapters/worker.py,
-  `ProfileRounds.trace`): the *separated* kind (io, h2d, forward, backward, comm, update: the
+  rank ran them (adapters/worker.py, `ProfileRounds.trace`), of each kind the same iteration on
+  every rank, the one whose slowest rank took the median time (`chosen_iterations`): the
+  *separated* kind (io, h2d, forward, backward, comm, update: the
   communication after backward, so each phase stands alone) and the *overlapped* kind (the
   framework's own way: ``backward_comm``).  Backward holds one slice per layer with parameters
   where the framework exposes when each gradient is final (the rank's ready times, the median
@@ -125,14 +126,31 @@ def _message_slices(events: Events, pid: int, messages: list[list], shift_ns: in
         events.slice(pid, tid, name, *span, "message", {"bytes": int(nbytes)})
 
 
-def _rank_events(events: Events, rank: Mapping, shift_ns: int) -> int | None:
-    """A rank's iterations and messages; returns its overlapped iteration's start (ns)."""
+def chosen_iterations(ranks: list[Mapping]) -> dict[str, int]:
+    """Of each kind, the index of the profile iteration to show: the j-th iteration of a kind
+    is the same synchronous iteration on every rank, so the one whose slowest rank took the
+    median time (the iteration as the run typically went, on every rank at once)."""
+    chosen = {}
+    for kind in KIND_TITLES:
+        per_rank = [[sum(it["laps"].values()) for it in rank.get("iterations") or [] if it["kind"] == kind]
+                    for rank in ranks]
+        count = min((len(times) for times in per_rank), default=0)
+        if count:
+            slowest = [max(times[j] for times in per_rank) for j in range(count)]
+            chosen[kind] = sorted(range(count), key=slowest.__getitem__)[(count - 1) // 2]
+    return chosen
+
+
+def _rank_events(events: Events, rank: Mapping, shift_ns: int, chosen: Mapping[str, int]) -> int | None:
+    """A rank's chosen iterations and their messages; returns its overlapped iteration's
+    start (ns)."""
     pid = int(rank["rank"]) + 1
     events.meta(pid, "process_name", f"rank {rank['rank']} · {rank.get('host', '?')}")
     events.meta(pid, "process_sort_index", pid)
     events.meta(pid, "thread_name", "compute", COMPUTE_THREAD)
     named, overlapped_start = {COMPUTE_THREAD}, None
-    for iteration in rank.get("iterations") or []:
+    for kind, index in chosen.items():
+        iteration = [it for it in rank["iterations"] if it["kind"] == kind][index]
         start = _ns(iteration["start_s"]) - shift_ns
         laps = iteration["laps"]
         span = (start, start + sum(_ns(t) for t in laps.values()))
@@ -163,13 +181,15 @@ def measured(record: Mapping, ranks: list[Mapping]) -> dict:
     """The trace of a finished run's ranks (without the model; `with_model` adds it)."""
     events = Events()
     ranks = sorted(ranks, key=lambda rank: int(rank["rank"]))
-    starts = [_rank_events(events, rank, shift) for rank, shift in zip(ranks, _shifts(ranks))]
+    chosen = chosen_iterations(ranks)
+    starts = [_rank_events(events, rank, shift, chosen) for rank, shift in zip(ranks, _shifts(ranks))]
     spans = [e["ts"] for e in events.items if e["ph"] == "X"]
     origin = min(spans) if spans else 0
     return {"traceEvents": events.written(origin), "displayTimeUnit": "ms",
             "otherData": {"run_id": record.get("run_id"), "scheme": record.get("framework_label"),
                           "mode": record.get("mode"), "model": record.get("model"),
                           "world_size": record.get("world_size"), "batch_per_worker": record.get("batch_per_worker"),
+                          "profile_iterations": {kind: index + 1 for kind, index in chosen.items()},
                           "clock": "barrier" if all(r.get("clock_s") is not None for r in ranks) else "wall clock",
                           "model_start_us": round(((starts[0] if starts and starts[0] is not None else origin)
                                                    - origin) / 1000, 3)}}

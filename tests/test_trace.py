@@ -60,6 +60,22 @@ def test_ranks_on_hosts_whose_clocks_differ_line_up_at_their_barrier():
     assert named(unsynced, 2, "comm")["ts"] - named(unsynced, 1, "comm")["ts"] == pytest.approx(offset * 1e6)
 
 
+def test_every_rank_shows_the_same_iteration_the_median_by_its_slowest_rank():
+    """Three separated iterations: rank 0 takes 10, 30, 20 ms, rank 1 takes 50, 10, 10 ms; by
+    the slowest rank they took 50, 30, 20, so the median is the second on both ranks, which
+    neither rank's own median (its third, its second or third) would agree on."""
+    def part(rank, times):
+        return {"rank": rank, "host": "h", "clock_s": 0.0, "iterations": [
+            {"kind": "separated", "start_s": 1.0 + j, "laps": {"forward": t}, "messages": None}
+            for j, t in enumerate(times)]}
+
+    ranks = [part(0, [0.010, 0.030, 0.020]), part(1, [0.050, 0.010, 0.010])]
+    assert trace.chosen_iterations(ranks) == {"separated": 1}
+    built = trace.measured({"run_id": "r"}, ranks)
+    assert [e["ts"] for e in slices(built, cat="iteration")] == [0.0, 0.0]  # 2.0 s on both, the origin
+    assert built["otherData"]["profile_iterations"] == {"separated": 2}
+
+
 def test_layers_nest_in_backward_and_phases_in_their_iteration():
     built = trace.measured({"run_id": "r"}, [rank_part(0, 1.0, 1.0)])
     backward = named(built, 1, "backward")
@@ -140,18 +156,19 @@ def gradient_bytes(record: dict) -> int:
 
 @pytest.mark.slow
 def test_a_two_rank_campaign_traces_every_rank_its_messages_and_the_model(tmp_path):
-    """Caffe-MPI-style (one all-reduce per tensor from its thread) and CNTK-style (one flat
-    all-reduce after backward), 2 ranks: each run's trace has both ranks and the model, nests,
-    sends the whole gradient once per iteration kind, and the two ranks end the separated
-    iteration's last all-reduce together; `dlcompare trace` finds it, the report links it."""
+    """PyTorch DDP over gloo (its buckets, through DDP's comm hook), Caffe-MPI-style (one
+    all-reduce per tensor from its thread) and CNTK-style (one flat all-reduce after backward),
+    2 ranks: each run's trace has both ranks and the model, nests, sends the whole gradient once
+    per iteration kind, and the two ranks end the separated iteration's last all-reduce
+    together; `dlcompare trace` finds it, the report links it."""
     out = tmp_path / "traced"
-    result = run_cli("launchers.compare", "--frameworks", "caffe-mpi-style,cntk-style", "--model",
+    result = run_cli("launchers.compare", "--frameworks", "torch,caffe-mpi-style,cntk-style", "--model",
                      "googlenet-tiny", "--workers", "2", "--out", str(out), *FAST, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     from analysis.store import ResultStore
 
     records = ResultStore.for_campaign(out, create=False).records()
-    assert len(records) == 2 and all(r["status"] == "ok" for r in records)
+    assert len(records) == 3 and all(r["status"] == "ok" for r in records)
     for record in records:
         path = out / "runs" / record["run_id"] / trace.TRACE_FILE
         built = trace.read(path)
@@ -173,17 +190,17 @@ def test_a_two_rank_campaign_traces_every_rank_its_messages_and_the_model(tmp_pa
         assert sum(e["args"]["bytes"] for e in model if e["cat"] == "message") == pytest.approx(
             gradient_bytes(record), rel=0.01)
 
-    run_id = records[0]["run_id"]
+    run_id = next(r["run_id"] for r in records if r["framework"] == "caffe-mpi-style")
     found = run_cli("launchers.cli", "trace", str(out), run_id[:-3], "--open", "--check")
     assert found.returncode == 0, found.stderr
     assert found.stdout.splitlines() == [str(out / "runs" / run_id / trace.TRACE_FILE), trace.VIEWER_HINT]
     report = (out / "report.html").read_text()
     assert f'href="runs/{run_id}/{trace.TRACE_FILE}"' in report
-    for argv, message in ((["googlenet"], "matches 2 runs"), (["nothing-like-this"], "no run with a trace matches"),
+    for argv, message in ((["googlenet"], "matches 3 runs"), (["nothing-like-this"], "no run with a trace matches"),
                           ([], None)):
         listed = run_cli("launchers.cli", "trace", str(out), *argv)
         if message is None:
-            assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 2
+            assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 3
         else:
             assert listed.returncode == 2 and message in listed.stderr and len(listed.stderr.splitlines()) == 1
     assert run_cli("launchers.cli", "trace", str(tmp_path / "absent")).returncode == 2
