@@ -209,6 +209,16 @@ class ProfileRounds:
         return medians
 
 
+def write_trace(run_dir: Path, record: dict, results: list[dict]) -> None:
+    """The run's trace beside its record, written after it: a trace that cannot be built is a
+    warning on stderr, never a lost measurement."""
+    try:
+        trace.write(run_dir / trace.TRACE_FILE,
+                    trace.measured(record, [dict(r["trace"], layer_ready=r.get("layer_ready")) for r in results]))
+    except Exception as error:  # noqa: BLE001 - the record is what matters
+        print(f"warning: no trace for {record.get('run_id')}: {type(error).__name__}: {error}", file=sys.stderr)
+
+
 def clock_at_barrier(trainer) -> float | None:
     """The wall clock right after a barrier that every rank leaves within its latency: the
     trace shifts each rank by its reading's difference from rank 0's, so hosts whose clocks
@@ -504,10 +514,8 @@ def main(argv: list[str]) -> int:
         if dist.rank == 0:
             results = wait_for_rank_files(rank_dir, dist.world_size)
             record = merge_ranks(config, spec, results)
-            trace.write(Path(config.record_path).parent / trace.TRACE_FILE,
-                        trace.measured(record, [dict(r["trace"], layer_ready=r.get("layer_ready"))
-                                                 for r in results]))
             write_json_atomic(Path(config.record_path), record)
+            write_trace(Path(config.record_path).parent, record, results)
         return 0
     finally:
         trainer.close()

@@ -20,9 +20,10 @@ What the file holds, one process per row group of the viewer:
   transfers on their own thread, starting where rank 0's overlapped iteration starts so the two
   read side by side.  Written when the run's prediction is (`update_model_process`).
 
-Times are wall-clock microseconds from the first rank's first slice; each rank is shifted by its
-clock reading right after a barrier (`clock_at_barrier`) against rank 0's, so ranks on hosts whose
-clocks differ line up (on one host the barrier's own skew, tens of microseconds, is what is left).
+Times are wall-clock microseconds from the first rank's first slice.  Ranks on rank 0's host
+share its clock; the ranks of another host are shifted by their clock readings right after a
+barrier (`clock_at_barrier`) against rank 0's, so hosts whose clocks differ line up to within
+the barrier's exit skew (`_shifts`).
 Slices on one thread nest strictly (a child inside its parent, siblings apart), as Perfetto's
 importer requires; `problems` checks it.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -170,11 +172,18 @@ def _rank_events(events: Events, rank: Mapping, shift_ns: int, chosen: Mapping[s
 
 
 def _shifts(ranks: list[Mapping]) -> list[int]:
-    """Each rank's clock offset from rank 0's (ns), from their readings after one barrier."""
+    """Each rank's clock offset from rank 0's (ns).  Ranks on rank 0's host share its clock:
+    no shift (a barrier's exit skew on a busy host is milliseconds, the clock's error none).
+    A rank of another host is shifted by its host's median reading after the barrier against
+    rank 0's; without readings, by nothing (wall clock)."""
     clocks = [rank.get("clock_s") for rank in ranks]
-    if any(clock is None for clock in clocks):
+    if not ranks or any(clock is None for clock in clocks):
         return [0] * len(ranks)
-    return [_ns(clock) - _ns(clocks[0]) for clock in clocks]
+    host_of = [rank.get("host") for rank in ranks]
+    offsets = {host: statistics.median(_ns(c) - _ns(clocks[0]) for c, h in zip(clocks, host_of) if h == host)
+               for host in set(host_of)}
+    offsets[host_of[0]] = 0
+    return [int(offsets[host]) for host in host_of]
 
 
 def measured(record: Mapping, ranks: list[Mapping]) -> dict:

@@ -46,8 +46,9 @@ def process_names(built: dict) -> dict[int, str]:
 
 
 def test_ranks_on_hosts_whose_clocks_differ_line_up_at_their_barrier():
-    """Rank 1's clock runs 3 s ahead; both left the barrier together and ended the same
-    all-reduce together: in the trace their comm phases end at the same microsecond."""
+    """Rank 1's host's clock runs 3 s ahead; both left the barrier together and ended the same
+    all-reduce together: in the trace their comm phases end at the same microsecond.  Ranks on
+    one host keep their readings (one clock), whatever the barrier's skew."""
     offset = 3.0
     built = trace.measured({"run_id": "r"}, [rank_part(1, 100.0 + offset, 100.2 + offset, comm=0.004),
                                              rank_part(0, 100.0, 100.2, comm=0.004)])
@@ -58,6 +59,9 @@ def test_ranks_on_hosts_whose_clocks_differ_line_up_at_their_barrier():
     unsynced = trace.measured({"run_id": "r"}, [rank_part(0, None, 100.2), rank_part(1, None, 100.2 + offset)])
     assert unsynced["otherData"]["clock"] == "wall clock"
     assert named(unsynced, 2, "comm")["ts"] - named(unsynced, 1, "comm")["ts"] == pytest.approx(offset * 1e6)
+    one_host = [dict(rank_part(r, 100.0 + 0.004 * r, 100.2), host="h") for r in (0, 1)]  # 4 ms barrier skew
+    shared = trace.measured({"run_id": "r"}, one_host)
+    assert named(shared, 1, "comm")["ts"] == named(shared, 2, "comm")["ts"]
 
 
 def test_every_rank_shows_the_same_iteration_the_median_by_its_slowest_rank():
@@ -183,7 +187,7 @@ def test_a_two_rank_campaign_traces_every_rank_its_messages_and_the_model(tmp_pa
                 sent = sum(e["args"]["bytes"] for e in messages_in(built, pid, kind))
                 assert sent == gradient_bytes(record), (record["run_id"], kind)
         last_sends = [max(e["ts"] + e["dur"] for e in messages_in(built, pid, "separated")) for pid in (1, 2)]
-        assert abs(last_sends[0] - last_sends[1]) < 5000, last_sends  # µs: the same all-reduce ends
+        assert abs(last_sends[0] - last_sends[1]) < 10000, last_sends  # µs: the same all-reduce ends
         model = slices(built, 3)
         assert named(built, 3, "iteration (predicted)")["dur"] == pytest.approx(
             record["predicted_iter_time"] * 1e6, rel=0.01)
