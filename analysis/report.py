@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from core.cli import EXIT_NOT_WRITTEN, OneLineParser, fail
+from core.cli import EXIT_NOT_WRITTEN, OneLineParser, fail, warning_line
 from core.envs import reexec_in_host_env
 from core.files import write_text_atomic
 
@@ -577,9 +577,14 @@ def _drop_stale_figures(out_dir: Path, made: dict[str, Path]) -> None:
 
 def with_traces(runs: pd.DataFrame, out_dir: Path) -> pd.DataFrame:
     """The runs table with each run's trace (analysis/trace.py) as a path relative to the
-    report, where the run wrote one."""
+    report, where the run wrote one; no such column where no run did."""
     paths = [f"runs/{run_id}/{trace.TRACE_FILE}" for run_id in runs["run_id"]]
-    return runs.assign(trace=[p if (out_dir / p).exists() else None for p in paths])
+    found = [p if (out_dir / p).exists() else None for p in paths]
+    if not any(found):  # a store without run folders (imported, or made elsewhere)
+        return runs
+    runs = runs.copy()  # the run id stays the last column, as the page's tools expect
+    runs.insert(runs.columns.get_loc("run_id"), "trace", found)
+    return runs
 
 
 def build_report(out_dir: str | Path) -> Path:
@@ -590,7 +595,8 @@ def build_report(out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     with ResultStore.for_campaign(out_dir, create=False) as store:
         try:  # predictions with the campaign's current calibration (stored for every run)
-            trace.update_model_process(out_dir, refresh_predictions(store))
+            for problem in trace.update_model_process(out_dir, refresh_predictions(store)):
+                print(warning_line(problem), file=sys.stderr)
         except StoreError:
             pass  # a read-only store keeps the predictions it has
         frame = store.campaign_frame()

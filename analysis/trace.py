@@ -33,9 +33,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from core.cli import EXIT_FAILED, OneLineParser, fail, listed
 from core.files import write_json_atomic
 
 TRACE_FILE = "trace.json"
@@ -255,19 +257,22 @@ def read(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def update_model_process(out_dir: str | Path, predictions: Iterable[Mapping]) -> int:
+def update_model_process(out_dir: str | Path, predictions: Iterable[Mapping]) -> list[str]:
     """Write each prediction's schedule into its run's trace (`runs/<id>/trace.json`, where
-    the run wrote one); returns how many traces changed."""
-    changed = 0
+    the run wrote one).  Returns what could not be written (a full disk, a damaged trace), one
+    line each: a trace is never worth a measurement or a report."""
+    problems_found = []
     for item in predictions:
         path = Path(out_dir) / "runs" / str(item["run_id"]) / TRACE_FILE
         if not path.exists():
             continue
         prediction = item.get("prediction")
         prediction = None if prediction is None else {**prediction, "phases": item.get("phases") or {}}
-        write(path, with_model(read(path), prediction))
-        changed += 1
-    return changed
+        try:
+            write(path, with_model(read(path), prediction))
+        except (OSError, ValueError, KeyError) as error:
+            problems_found.append(f"{path}: the model's schedule not written: {type(error).__name__}: {error}")
+    return problems_found
 
 
 # --------------------------------------------------------------------------- checking
@@ -325,7 +330,6 @@ def find_run(paths: list[Path], run: str) -> Path:
     found = exact or [p for p in paths if run in p.parent.name]
     if len(found) == 1:
         return found[0]
-    from core.cli import listed
     if not found:
         raise ValueError(f"no run with a trace matches {run!r} (runs with one: "
                          f"{listed([p.parent.name for p in paths]) or 'none'})")
@@ -334,8 +338,6 @@ def find_run(paths: list[Path], run: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.cli import EXIT_FAILED, OneLineParser, fail
-
     parser = OneLineParser(prog="dlcompare trace", description=(
         "The path of a run's trace (runs/<id>/trace.json: every rank's profile iterations and "
         "messages, and the model's schedule of the same iteration, in the Trace Event Format that "
@@ -374,5 +376,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main())

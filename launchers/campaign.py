@@ -312,7 +312,8 @@ def run_all(campaign, pending, pythons, unavailable, store, cluster=None,
             store_record(store, run, record)
             predicted = predict_stored(store, record, console)  # the performance model's prediction
             if predicted is not None:  # beside the measured ranks in the run's trace
-                trace.update_model_process(campaign.out, [predicted])
+                for problem in trace.update_model_process(campaign.out, [predicted]):
+                    console.print(f"[yellow]{problem}[/yellow]")
             records.append(record)
             progress.update(task, description=f"  {run.run_id} [{record['status']}]")
             progress.remove_task(task) if record["status"] == "ok" else None
