@@ -168,32 +168,39 @@ class ProfileRounds:
 
     def __init__(self, trainer, config: RunConfig, progress: Progress):
         self.trainer, self.config, self.progress = trainer, config, progress
-        self.separate: list[dict] = []  # each separated iteration's phases (for the model)
-        self.overlapped: list[dict] = []
         self.rounds: list[int] = []  # profile iterations after each timed loop
-        self.timed: dict[str, list[dict]] = {"separated": [], "overlapped": []}  # for the trace
+        # every profile iteration by kind, as it ran: its start, phases and messages
+        self.timed: dict[str, list[dict]] = {"separated": [], "overlapped": []}
         self.clock_s = clock_at_barrier(trainer)
+
+    @property
+    def separate(self) -> list[dict]:
+        """Each separated iteration's phases (for the model)."""
+        return [it["laps"] for it in self.timed["separated"]]
+
+    @property
+    def overlapped(self) -> list[dict]:
+        return [it["laps"] for it in self.timed["overlapped"]]
 
     def share(self, repeat: int) -> None:
         """After timed loop `repeat`: this loop's share of the profile iterations."""
         total, repeats = self.config.profile_iterations, max(1, self.config.repeats)
         count = total * (repeat + 1) // repeats - total * repeat // repeats
         for _ in range(count):
-            self.separate.append(self._profile("separated"))
+            self._profile("separated")
             self.progress.advance("profile")
-            self.overlapped.append(self._profile("overlapped"))
+            self._profile("overlapped")
             self.progress.advance("profile")
         self.rounds.append(count)
 
-    def _profile(self, kind: str) -> dict:
+    def _profile(self, kind: str) -> None:
         """One profile iteration of `kind`, kept with its wall-clock start and the messages
         the scheme exposes for the trace."""
         start = time.time()
         laps = self.trainer.profile_step(overlapped=kind == "overlapped")
-        messages = self.trainer.last_messages() if self.trainer.dist.distributed else None
+        messages = self.trainer.last_messages()
         self.timed[kind].append({"kind": kind, "start_s": start, "laps": dict(laps),
                                  "messages": [list(m) for m in messages] if messages else None})
-        return laps
 
     def trace(self) -> dict:
         """This rank's part of the run's trace (analysis/trace.py): every profile iteration as

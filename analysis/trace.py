@@ -43,7 +43,6 @@ from core.files import write_json_atomic
 TRACE_FILE = "trace.json"
 MODEL_PROCESS = "model (predicted)"
 COMPUTE_THREAD, MESSAGE_THREAD = 1, 2
-SEPARATED_PHASES = ("io", "h2d", "forward", "backward", "comm", "update")
 KIND_TITLES = {"separated": "iteration (separated: communication after backward)",
                "overlapped": "iteration (overlapped: the framework's own way)"}
 
@@ -130,14 +129,18 @@ def _message_slices(events: Events, pid: int, messages: list[list], shift_ns: in
         events.slice(pid, tid, name, *span, "message", {"bytes": int(nbytes)})
 
 
+def _of_kind(rank: Mapping, kind: str) -> list[Mapping]:
+    """A rank's profile iterations of `kind`, in the order it ran them."""
+    return [it for it in rank.get("iterations") or [] if it["kind"] == kind]
+
+
 def chosen_iterations(ranks: list[Mapping]) -> dict[str, int]:
     """Of each kind, the index of the profile iteration to show: the j-th iteration of a kind
     is the same synchronous iteration on every rank, so the one whose slowest rank took the
     median time (the iteration as the run typically went, on every rank at once)."""
     chosen = {}
     for kind in KIND_TITLES:
-        per_rank = [[sum(it["laps"].values()) for it in rank.get("iterations") or [] if it["kind"] == kind]
-                    for rank in ranks]
+        per_rank = [[sum(it["laps"].values()) for it in _of_kind(rank, kind)] for rank in ranks]
         count = min((len(times) for times in per_rank), default=0)
         if count:
             slowest = [max(times[j] for times in per_rank) for j in range(count)]
@@ -154,7 +157,7 @@ def _rank_events(events: Events, rank: Mapping, shift_ns: int, chosen: Mapping[s
     events.meta(pid, "thread_name", "compute", COMPUTE_THREAD)
     named, overlapped_start = {COMPUTE_THREAD}, None
     for kind, index in chosen.items():
-        iteration = [it for it in rank["iterations"] if it["kind"] == kind][index]
+        iteration = _of_kind(rank, kind)[index]
         start = _ns(iteration["start_s"]) - shift_ns
         laps = iteration["laps"]
         span = (start, start + sum(_ns(t) for t in laps.values()))
