@@ -14,7 +14,8 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 --user-group dlcompare
 WORKDIR /opt/dlcompare
-COPY project/core/ core/
+# the builder and what it imports only: editing the rest of core/ keeps this stage cached
+COPY project/core/__init__.py project/core/cli.py project/core/envs.py project/core/files.py core/
 COPY envs/ envs/
 ARG DEVICE=cpu
 RUN --mount=type=bind,source=pip,target=/pip \

@@ -18,7 +18,8 @@ RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends python3 python3-venv python3-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/dlcompare
-COPY project/core/ core/
+# the builder and what it imports only: editing the rest of core/ keeps this stage cached
+COPY project/core/__init__.py project/core/cli.py project/core/envs.py project/core/files.py core/
 COPY envs/ envs/
 # The `# apt:` lines of the env files (OpenMPI, cmake, g++, make) are installed by the builder.
 RUN --mount=type=bind,source=pip,target=/pip \
