@@ -235,7 +235,8 @@ class Trainer(abc.ABC):
         (overlap, granularity, bucket sizes, merge, algorithm, servers, profile_granularity),
         plus transport (the key calibrations are shared by) and label: the scheme catalogue's
         description of the run's mode (`core.schemes.SchemeInfo.describe`) with the run's
-        options, servers and the transport it really uses (`comm_transport`).  None where no
+        options, servers, the transport it really uses (`comm_transport`) and the model's
+        parameter shapes (a compressing scheme's bytes on the wire).  None where no
         gradient crosses ranks (`sends_gradients`) or the model has no terms for the scheme;
         the model then assumes the whole gradient after backward and marks its prediction as
         assumed."""
@@ -243,7 +244,8 @@ class Trainer(abc.ABC):
             return None
         config = self.config
         return catalogue.scheme(config.framework, config.mode).describe(
-            self.scheme_options(), config.device, config.servers or None, self.comm_transport())
+            self.scheme_options(), config.device, config.servers or None, self.comm_transport(),
+            list(self.spec.parameter_shapes().values()))
 
     def sends_gradients(self) -> bool:
         """Whether this run's gradients cross ranks (a one-rank run of most schemes does not)."""

@@ -3,6 +3,14 @@
 DDP is PyTorch's idiomatic data-parallel scheme: gradients are bucketed (25 MB by default)
 and each bucket is all-reduced from an autograd hook as soon as backward has filled it, so
 communication overlaps the rest of backward. With one worker the model is not wrapped.
+
+The other modes change one thing of DDP each, through PyTorch's own API:
+
+- ``ddp-fp16``: DDP's fp16 compression hook (each bucket all-reduced as float16);
+- ``ddp-powersgd``: DDP's PowerSGD hook (each gradient matrix sent as a rank-r factorisation,
+  with error feedback and warm start; ``--option powersgd_rank=R``);
+- ``zero``: DDP's all-reduce with the optimizer's state sharded (``ZeroRedundancyOptimizer``:
+  each rank updates its shard, then the updated parameters are broadcast from their owners).
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from adapters.base import DistInfo, FrameworkUnavailable, MessageLog, PhaseTimer, RunConfig, Trainer
 from adapters.data import SyntheticBatches, decode_jpeg, list_jpeg_dataset
@@ -163,8 +173,7 @@ class TorchTrainer(Trainer):
                                                          memory_format=self.memory_format)
         self.log = MessageLog()  # the latest iteration's messages, for the run's trace
         self.model = self._wrap_distributed(self.network)
-        self.optimizer = torch.optim.SGD(self.network.parameters(), lr=config.lr,
-                                         momentum=config.momentum)
+        self.optimizer = self._optimizer()
         self.batches = self._input_pipeline()
         self._loss = None
 
@@ -223,9 +232,16 @@ class TorchTrainer(Trainer):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(network, device_ids=device_ids,
                                                   bucket_cap_mb=self.bucket_mb)
+        self._register_comm_hook(ddp)
+        return ddp
+
+    def _register_comm_hook(self, ddp) -> None:
+        """DDP's own all-reduce, timed for the trace where the future means done (gloo)."""
         if self.backend == "gloo":
             ddp.register_comm_hook(self.log, timed_allreduce_hook)
-        return ddp
+
+    def _optimizer(self):
+        return torch.optim.SGD(self.network.parameters(), lr=self.config.lr, momentum=self.config.momentum)
 
     @property
     def pinned(self) -> bool:
@@ -570,15 +586,154 @@ def timed_allreduce_hook(log: MessageLog, bucket):  # no annotations: DDP checks
     return dist.all_reduce(tensor, async_op=True).get_future().then(done)
 
 
-def allreduce_flat(grads: list, world_size: int) -> None:
-    """Average `grads` over all ranks in one all-reduce of their concatenation."""
+def allreduce_flat(grads: list, world_size: int, dtype=None) -> None:
+    """Average `grads` over all ranks in one all-reduce of their concatenation (sent as
+    `dtype` where given: float16 halves the bytes)."""
+    if not grads:
+        return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
+    if dtype is None:
+        dist.all_reduce(flat)
+        flat /= world_size
+    else:  # divided first, as DDP's fp16 hook does, so the float16 sum cannot overflow
+        wire = flat.to(dtype).div_(world_size)
+        dist.all_reduce(wire)
+        flat = wire.to(flat.dtype)
     offset = 0
     for grad in grads:
         grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
         offset += grad.numel()
 
 
-TRAINERS = {"ddp": TorchTrainer}
+# ----------------------------------------------------------------------------- DDP's variants
+
+def timed_hook(timed, bucket):  # no annotations: DDP checks them as objects
+    """A DDP comm hook (`TimedHook.hook`) noted in the trace's log from the moment DDP hands
+    the bucket over until its future is done, with the bytes it puts on the wire."""
+    start = time.time()
+
+    def done(future):
+        timed.log.messages.append([f"bucket {bucket.index()}", start, time.time(), timed.wire_bytes(bucket)])
+        return future.value()
+
+    return timed.hook(timed.state, bucket).then(done)
+
+
+class TimedHook:
+    """What `timed_hook` wraps: PyTorch's hook, its state, the log and the bucket's wire bytes."""
+
+    def __init__(self, log: MessageLog, hook, state, wire_bytes):
+        self.log, self.hook, self.state, self.wire_bytes = log, hook, state, wire_bytes
+
+
+class CompressedDdpTrainer(TorchTrainer):
+    """DDP with one of PyTorch's compression hooks (`hook_and_state`).  Over gloo the hook is
+    timed for the trace (its future completes when the data is back); over NCCL it runs as is.
+    The separated profile sends the same bytes after backward (`aggregate_after_backward`).
+    The bytes on the wire are the catalogue's (`core.schemes.wire_bytes`)."""
+
+    def hook_and_state(self):
+        raise NotImplementedError
+
+    def _register_comm_hook(self, ddp) -> None:
+        hook, state = self.hook_and_state()
+        if self.backend == "gloo":
+            ddp.register_comm_hook(TimedHook(self.log, hook, state, self.bucket_wire_bytes), timed_hook)
+        else:
+            ddp.register_comm_hook(state, hook)
+
+    @property
+    def wire(self) -> str:
+        return catalogue.scheme(self.config.framework, self.config.mode).wire
+
+    def wire_bytes(self, shape) -> int:
+        return catalogue.wire_bytes(self.wire, tuple(shape), self.config.options)
+
+    def bucket_wire_bytes(self, bucket) -> int:
+        return sum(self.wire_bytes(p.shape) for p in bucket.parameters())
+
+
+class Fp16DdpTrainer(CompressedDdpTrainer):
+    """torch:ddp-fp16: each bucket cast to float16, all-reduced, cast back
+    (`default_hooks.fp16_compress_hook`): half the bytes, the gradient rounded to float16."""
+
+    def hook_and_state(self):
+        return default_hooks.fp16_compress_hook, None
+
+    def aggregate_after_backward(self):
+        """The whole gradient as one float16 all-reduce, as the hook sends each bucket."""
+        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
+        self.log.timed("gradient (fp16)", sum(self.wire_bytes(g.shape) for g in grads),
+                       lambda: allreduce_flat(grads, self.dist.world_size, torch.float16))
+
+    def describe(self):
+        return {**super().describe(), "compression": "fp16"}
+
+
+class PowerSgdDdpTrainer(CompressedDdpTrainer):
+    """torch:ddp-powersgd: PyTorch's PowerSGD hook (Vogels et al. 2019): each gradient matrix
+    M (n x m, a convolution's kernel viewed as out x rest) is sent as P = M Q and Q = M^T P of
+    rank r, with error feedback and warm start; matrices that would not shrink enough
+    (`core.schemes.powersgd_factors`), and vectors, go uncompressed in one all-reduce.  The
+    first `START_ITER` steps are plain all-reduces (PyTorch needs two before it compresses);
+    the warm-up covers them."""
+
+    START_ITER = 2
+
+    @property
+    def rank_r(self) -> int:
+        return int(self.config.options.get("powersgd_rank", catalogue.OPTIONS["powersgd_rank"].default))
+
+    def hook_and_state(self):
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=self.rank_r, start_powerSGD_iter=self.START_ITER,
+            min_compression_rate=catalogue.POWERSGD_MIN_COMPRESSION_RATE, random_seed=self.config.seed)
+        return powerSGD_hook.powerSGD_hook, state
+
+    def aggregate_after_backward(self):
+        """PowerSGD's two rounds after backward, without error feedback: every compressed
+        matrix's P all-reduced, orthogonalised, Q all-reduced, M averaged as P Q^T; the rest
+        in one flat all-reduce.  The same bytes as the hook, the ranks kept equal."""
+        params = [p for p in self.network.parameters() if p.grad is not None]
+        factors = [catalogue.powersgd_factors(tuple(p.shape), self.rank_r) for p in params]
+        low = [(p.grad.view(f[0], f[1]), f[2]) for p, f in zip(params, factors) if f]
+        world = self.dist.world_size
+
+        def send():
+            allreduce_flat([p.grad for p, f in zip(params, factors) if not f], world)
+            if not low:
+                return
+            generator = torch.Generator().manual_seed(self.config.seed)
+            qs = [torch.randn(m.shape[1], rank, generator=generator).to(m) for m, rank in low]
+            ps = [m @ q for (m, _), q in zip(low, qs)]
+            allreduce_flat(ps, 1)
+            for p in ps:
+                powerSGD_hook._orthogonalize(p.unsqueeze(0))  # in place, as the hook does to its batch
+            qs = [m.t() @ p for (m, _), p in zip(low, ps)]
+            allreduce_flat(qs, world)
+            for (m, _), p, q in zip(low, ps, qs):
+                m.copy_(p @ q.t())
+
+        self.log.timed("gradient (PowerSGD)", sum(self.wire_bytes(p.shape) for p in params), send)
+
+    def describe(self):
+        return {**super().describe(), "compression": f"powersgd rank {self.rank_r}"}
+
+
+class ZeroTrainer(TorchTrainer):
+    """torch:zero: DDP's bucketed all-reduce, the optimizer's state sharded over the ranks
+    (`torch.distributed.optim.ZeroRedundancyOptimizer`, ZeRO stage 1): each rank updates the
+    parameters it owns and broadcasts them, so the update phase carries a parameter exchange."""
+
+    def _optimizer(self):
+        if not self.dist.distributed:
+            return super()._optimizer()
+        return ZeroRedundancyOptimizer(self.network.parameters(), optimizer_class=torch.optim.SGD,
+                                       lr=self.config.lr, momentum=self.config.momentum)
+
+    def describe(self):
+        return {**super().describe(), "optimizer_sharding": "zero-1" if self.dist.distributed else None}
+
+
+TRAINERS = {"ddp": TorchTrainer, "ddp-fp16": Fp16DdpTrainer, "ddp-powersgd": PowerSgdDdpTrainer,
+            "zero": ZeroTrainer}

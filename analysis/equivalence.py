@@ -23,6 +23,7 @@ the float32-vs-float64 error of PyTorch itself.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,27 @@ def compare_pair(name_a, a: Path, name_b, b: Path, initial: dict, tolerance: flo
         for tensor, error in shown:
             print(f"      {tensor:<40s} {error:.2e}{'  FAIL' if error > tolerance else ''}")
     return ok
+
+
+def ranks_agree(name, folder: Path, ranks: int) -> bool:
+    """Every rank of a synchronous run ends with the same weights (bit for bit): what any
+    scheme, compressing or not, must keep."""
+    weights = [load_npz(folder / f"weights_rank{r}.npz") for r in range(ranks)]
+    differ = sorted(n for n in weights[0] for other in weights[1:] if not np.array_equal(weights[0][n], other[n]))
+    print(f"  {name}: the {ranks} ranks' weights " + (f"differ in {differ[:3]}  FAIL" if differ else "are identical  ok"))
+    return not differ
+
+
+def loss_after(folder: Path) -> float:
+    """Rank 0's loss on its first batch after the run's steps (the worker's loss_rank0.json)."""
+    return float(json.loads((folder / "loss_rank0.json").read_text())["after"])
+
+
+def loss_cost(name, folder: Path, reference, reference_folder: Path, steps: int) -> float:
+    """What a compressing scheme costs the loss: its loss after `steps` steps on the same data
+    from the same weights against the uncompressed `reference`'s, in % (positive: worse)."""
+    mine, theirs = loss_after(folder), loss_after(reference_folder)
+    change = 100.0 * (mine - theirs) / max(abs(theirs), TINY)
+    print(f"  {name}: loss after {steps} steps {mine:.5f} against {theirs:.5f} for {reference} "
+          f"({change:+.2f} %): what its compression costs")
+    return change

@@ -636,7 +636,16 @@ class Scheme:
       merged messages stay within bucket_bytes (a fusion buffer);
     topology: how it spans nodes (`topology_cost`): ``flat`` (the algorithm over all ranks),
       ``two_level`` (ring inside the node, across nodes, inside again), ``local_reduce``
-      (reduce inside the node, the algorithm across nodes, broadcast inside).
+      (reduce inside the node, the algorithm across nodes, broadcast inside);
+    wire_ratio: bytes on the wire per gradient byte, once messages are formed (DDP buckets by
+      the gradient's own bytes, then its hook compresses each bucket): 0.5 for float16, the
+      low-rank factors' share for PowerSGD.  The compression's own compute (casts, PowerSGD's
+      matrix products) is not a term: on a GPU it is small beside the transfer it shrinks, and
+      the separated profile's measured comm phase holds it;
+    gather_params: after the update, the parameters are exchanged among the ranks that own
+      their shards (ZeRO stage 1's broadcasts from the owners): an all-gather of the whole
+      model, priced as half the ring all-reduce of its bytes (`gather_time`), after
+      everything else and so never hidden.
     """
 
     name: str = "allreduce"
@@ -650,6 +659,8 @@ class Scheme:
     profile_granularity: str | None = None
     cycle_s: float = 0.0
     topology: str = "flat"
+    wire_ratio: float = 1.0
+    gather_params: bool = False
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -670,9 +681,11 @@ class Scheme:
             raise ValueError(f"unknown topology {self.topology!r} (known: {', '.join(TOPOLOGIES)})")
         if self.topology == "two_level" and self.algorithm != "ring":
             raise ValueError("the two-level all-reduce is a ring in the node and across nodes: algorithm ring")
+        if not 0 < self.wire_ratio <= 1:
+            raise ValueError(f"wire_ratio must be in (0, 1], got {self.wire_ratio}")
 
     FIELDS = ("name", "overlap", "granularity", "bucket_bytes", "first_bucket_bytes", "merge",
-              "algorithm", "servers", "profile_granularity", "cycle_s", "topology")
+              "algorithm", "servers", "profile_granularity", "cycle_s", "topology", "wire_ratio", "gather_params")
 
     @classmethod
     def from_dict(cls, data: dict) -> "Scheme":
@@ -707,6 +720,8 @@ class Scheme:
             messages = group_by_tensor(grads)
         else:
             messages = merge_by_threshold(grads, self.bucket_bytes, self.first_bucket_bytes)
+        if self.wire_ratio != 1:
+            messages = [Message(m.nbytes * self.wire_ratio, m.ready, m.members) for m in messages]
         if separate:
             return messages
         if self.merge == "cycle":
@@ -1127,11 +1142,20 @@ def predict(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float
     comm_total = sum(t.end - t.start for t in transfers)
     end = max([stretched] + [t.end for t in transfers])
     comm_separate = sum(comm_time(m.nbytes) for m in scheme.messages(grads, comm_time, separate=True))
-    rest = profile.h2d + profile.forward + end + profile.update
+    gather = gather_time(comm_time, sum(g.nbytes for g in grads)) if scheme.gather_params else 0.0
+    update = profile.update + gather  # the measured update phase holds the exchange too
+    rest = profile.h2d + profile.forward + end + update
     io = exposed_io(profile.io, rest, profile.prefetch)
     phases = {"io": io, "h2d": profile.h2d, "forward": profile.forward, "backward": t_b,
-              "comm": comm_separate, "update": profile.update}
-    return Prediction(io + rest, phases, end, comm_total, end - t_b, tuple(transfers))
+              "comm": comm_separate, "update": update}
+    return Prediction(io + rest, phases, end, comm_total + gather, end - t_b + gather, tuple(transfers))
+
+
+def gather_time(comm_time: Callable[[float], float], nbytes: float) -> float:
+    """An all-gather of `nbytes` (every rank ends with all of them, each sending its share):
+    half a ring all-reduce, which is a reduce-scatter and then this all-gather, each (p-1)
+    steps of n/p bytes."""
+    return comm_time(nbytes) / 2 if nbytes > 0 else 0.0
 
 
 def single_worker_prediction(profile: Profile) -> Prediction:

@@ -538,7 +538,8 @@ def run(args) -> tuple[list[dict], dict[str, Path]]:
             raise PredictError(f"give --model or [workload] model in {args.cluster_file}")
         names = whatif.scheme_names(items(args.frameworks or "study", "--frameworks"))
         profile, source, batch, jitter = cluster_profile(spec, model, batch or spec.batch_per_worker, args.profile)
-        chosen = whatif.cluster_candidates(spec, names, profile, source, batch, args.algorithm, servers, jitter)
+        chosen = whatif.cluster_candidates(spec, names, profile, source, batch, args.algorithm, servers, jitter,
+                                            model)
         nodes = _counts(args.nodes, [spec.nodes], "--nodes")
         per_node = _counts(args.workers, [spec.workers_per_node], "--workers")
         folder, title = Path("results") / "whatif", f"Predicted efficiency on {spec.device.name} nodes, {model}"

@@ -50,6 +50,7 @@ import pandas as pd
 from analysis import noise as launch_noise
 from analysis import tables
 from analysis.rendering import missing
+from core import schemes as catalogue
 
 Row = Mapping[str, Any]  # one configuration: a dict of `_configs`' columns (a Series reads the same)
 TOPOLOGY_KEYS: list[str] = ["model", "device", "batch_per_worker", "nodes", "workers_per_node", "bandwidth",
@@ -421,10 +422,27 @@ def _launches_text(first: Row, second: Row) -> str:
 
 
 def headline(rows: pd.DataFrame) -> str:
-    """The topology's answer in one sentence: a winner only where the launches prove it."""
+    """The topology's answer in one sentence: a winner only where the launches prove it, and
+    what a compressing winner changes in the gradients (`lossy_text`)."""
     ranked = rows[rows["rank"].notna()].sort_values("rank")
     if ranked.empty:
         return "No synchronous scheme measured here."
+    return _ranking_text(ranked) + lossy_text(ranked.iloc[0])
+
+
+def lossy_text(first: Row) -> str:
+    """For a compressing scheme in first place: that its speed is bought with the gradients it
+    sends, and where its cost to the loss is measured (a campaign times it only)."""
+    info = catalogue.SCHEMES.get(catalogue.scheme_key(first.get("framework"), first.get("mode")))
+    if info is None or not info.lossy:
+        return ""
+    reference = f"{info.framework}:{catalogue.FRAMEWORKS[info.framework].modes[0]}"
+    return (f" {first['series']} changes what it sends ({info.lossy}): its cost to the loss is not in these "
+            f"timings; `dlcompare check --frameworks {reference},{info.name} --model {first.get('model')} "
+            f"--workers 2` measures it.")
+
+
+def _ranking_text(ranked: pd.DataFrame) -> str:
     first = ranked.iloc[0]
     if len(ranked) == 1:
         return f"Only {first['series']} was measured here: {first['images_per_s']:.0f} images/s."

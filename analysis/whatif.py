@@ -18,6 +18,7 @@ Every scheme comes from the scheme catalogue (`core.schemes`): the frameworks' s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from analysis import tables
 from analysis.cluster import ClusterSpec
 from analysis.palette import colour
 from analysis.units import format_bandwidth, format_latency
+from models import get_model
 
 MIB = 2 ** 20
 
@@ -173,10 +175,11 @@ def cluster_cost(spec: ClusterSpec, scheme: pm.Scheme, transport: str | None,
 
 def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile, source: str, batch: int | None,
                        algorithm: str = "ring", servers: int | None = None,
-                       jitter: float | None = None) -> list[Candidate]:
+                       jitter: float | None = None, model: str | None = None) -> list[Candidate]:
     """The study and catalogue schemes `names` on the described cluster, all on `profile`,
     with the cluster's node effects (`ClusterSpec.node_effects`; `jitter`: the profile's
-    measured spread where the file gives none)."""
+    measured spread where the file gives none); a compressing scheme's bytes on the wire
+    counted from `model`'s parameter shapes."""
     out = []
     link = (spec.inter.bandwidth, spec.inter.latency)
     for name in names:
@@ -186,6 +189,10 @@ def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile,
         else:
             study = STUDY_SCHEMES.get(name) or gpu_scheme(priced_scheme(name))
             scheme, label, transport = study.scheme, study.label, study.transport
+            wire = catalogue.SCHEMES[name].wire if name in catalogue.SCHEMES else ""
+            if wire and model:
+                shapes = list(get_model(model).parameter_shapes().values())
+                scheme = dataclasses.replace(scheme, wire_ratio=catalogue.wire_ratio(wire, shapes))
         out.append(Candidate(name, label, scheme, profile, source,
                              cluster_cost(spec, scheme, transport, servers), link, spec.contention, batch,
                              spec.node_effects(jitter)))

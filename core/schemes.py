@@ -59,6 +59,8 @@ OPTIONS: dict[str, Option] = {
     "share_gpu": Option("PyTorch: more ranks than GPUs share them (over gloo: NCCL refuses two ranks on one GPU)",
                         False),
     "bucket_mb": Option("PyTorch DDP: gradient bucket size in MB (25)", 25.0, "bucket_bytes", MIB),
+    "powersgd_rank": Option("PyTorch ddp-powersgd: rank of each gradient matrix's approximation (1, PyTorch's "
+                            "default; at most a weight matrix's smallest side)", 1),
     # Horovod 0.28.1's defaults (horovod/common/operations.cc)
     "fusion_mb": Option("Horovod: tensor fusion buffer in MB (128)", 128.0, "bucket_bytes", MIB),
     "cycle_ms": Option("Horovod: background cycle in ms (1)", 1.0, "cycle_s", 1e-3),
@@ -99,20 +101,26 @@ class SchemeInfo:
     one_process: bool = False  # one process drives every device of a node: one node only
     compute: str | None = None  # schemes with the same value run the same one-worker step
     unmodelled: str = ""
+    lossy: str = ""  # what the scheme changes in the gradients it sends ("" : it sends them exactly)
+    wire: str = ""  # how it encodes a gradient for the wire (`wire_bytes`): "", "fp16" or "powersgd"
 
     @property
     def modelled(self) -> bool:
         return self.model is not None
 
     def describe(self, options: dict | None = None, device: str = "cpu", servers: int | None = None,
-                 transport: str | None = None) -> dict | None:
+                 transport: str | None = None, shapes: list | None = None) -> dict | None:
         """The scheme in the model's terms for a run: ``model`` (with ``on_gpu`` on a GPU),
         the options' values in their model fields, the run's servers and transport, and the
         label.  A fusion buffer or bucket of 0 turns merging off (one message per tensor).
-        None where the model has no terms for the scheme."""
+        A compressing scheme's ``wire_ratio`` is counted from the model's parameter `shapes`
+        (`wire_ratio`); without them it is left out.  None where the model has no terms for
+        the scheme."""
         if self.model is None:
             return None
         out = {"label": self.label, **self.model, **(self.on_gpu if device == "gpu" else {})}
+        if self.wire and shapes:
+            out["wire_ratio"] = wire_ratio(self.wire, shapes, options)
         out.setdefault("transport", self.transport)  # on a GPU: on_gpu's, else the CPU's
         for key in self.options:
             option = OPTIONS[key]
@@ -132,6 +140,44 @@ class SchemeInfo:
         return out
 
 
+# PowerSGD sends a matrix compressed only where that shrinks it more than this (PyTorch's
+# PowerSGDState default, powerSGD_hook._should_compress)
+POWERSGD_MIN_COMPRESSION_RATE = 2.0
+
+
+def powersgd_factors(shape, rank: int) -> tuple[int, int, int] | None:
+    """(rows, columns, rank) of the factorisation PowerSGD sends for a tensor of `shape` (the
+    tensor viewed as shape[0] x the rest), or None where it sends the tensor as it is."""
+    if len(shape) < 2:
+        return None
+    rows, cols = int(shape[0]), 1
+    for side in shape[1:]:
+        cols *= int(side)
+    rank = min(int(rank), rows, cols)
+    return (rows, cols, rank) if rows * cols > POWERSGD_MIN_COMPRESSION_RATE * (rows + cols) * rank else None
+
+
+def wire_bytes(wire: str, shape, options: dict | None = None) -> int:
+    """Bytes a float32 gradient of `shape` takes on the wire under encoding `wire`: float16
+    halves it; PowerSGD sends P (rows x r) and Q (columns x r) in float32, or the tensor."""
+    count = 1
+    for side in shape:
+        count *= int(side)
+    if wire == "fp16":
+        return 2 * count
+    if wire == "powersgd":
+        rank = (options or {}).get("powersgd_rank", OPTIONS["powersgd_rank"].default)
+        factors = powersgd_factors(shape, rank)
+        return 4 * ((factors[0] + factors[1]) * factors[2] if factors else count)
+    return 4 * count
+
+
+def wire_ratio(wire: str, shapes, options: dict | None = None) -> float:
+    """The share of a model's gradient bytes (parameter `shapes`) that goes on the wire."""
+    raw = sum(wire_bytes("", shape) for shape in shapes)
+    return sum(wire_bytes(wire, shape, options) for shape in shapes) / raw if raw else 1.0
+
+
 def _framework_scheme(framework: str, mode: str, label: str, colour: str, **fields) -> SchemeInfo:
     return SchemeInfo(f"{framework}:{mode}", label, colour, framework=framework, mode=mode, **fields)
 
@@ -144,15 +190,33 @@ FUSED_CYCLES = {"overlap": True, "granularity": "tensor", "merge": "cycle", "pro
 PS_PER_TENSOR = {"overlap": True, "granularity": "tensor", "profile_granularity": "tensor", "algorithm": "ps",
                  "servers": 1}
 NCCL = {"transport": "nccl"}
+# DDP: gradient buckets (bucket_mb; the first 1 MiB) all-reduced as backward fills them; the
+# separated profile all-reduces the whole gradient
+DDP_BUCKETS = {"overlap": True, "granularity": "bucket", "first_bucket_bytes": MIB, "profile_granularity": "whole",
+               "algorithm": "ring"}
 
 FRAMEWORK_SCHEMES: tuple[SchemeInfo, ...] = (
     _framework_scheme(
         "torch", "ddp", "PyTorch DDP", "#0072B2",  # blue
-        # gradient buckets (bucket_mb; the first 1 MiB) all-reduced as backward fills them; the
-        # separated profile all-reduces the whole gradient
-        model={"overlap": True, "granularity": "bucket", "first_bucket_bytes": MIB,
-               "profile_granularity": "whole", "algorithm": "ring"},
-        on_gpu=NCCL, transport="gloo", options=("bucket_mb", *TORCH_OPTIONS), compute="pytorch"),
+        model=DDP_BUCKETS, on_gpu=NCCL, transport="gloo", options=("bucket_mb", *TORCH_OPTIONS), compute="pytorch"),
+    _framework_scheme(
+        "torch", "ddp-fp16", "PyTorch DDP fp16", "#4F9FD9",  # lighter blue
+        # DDP's buckets, each cast to float16 for its all-reduce: half the bytes on the wire
+        model=DDP_BUCKETS, on_gpu=NCCL, transport="gloo", options=("bucket_mb", *TORCH_OPTIONS),
+        compute="pytorch", wire="fp16",
+        lossy="each gradient rounded to float16 for its all-reduce"),
+    _framework_scheme(
+        "torch", "ddp-powersgd", "PyTorch DDP PowerSGD", "#00446E",  # dark blue
+        # DDP's buckets, each gradient matrix sent as a rank-r factorisation
+        model=DDP_BUCKETS, on_gpu=NCCL, transport="gloo", options=("powersgd_rank", "bucket_mb", *TORCH_OPTIONS),
+        compute="pytorch", wire="powersgd",
+        lossy="each gradient matrix replaced by a rank-r approximation, with error feedback"),
+    _framework_scheme(
+        "torch", "zero", "PyTorch ZeRO", "#7FA7C9",  # greyish blue
+        # DDP's all-reduce, then each rank updates its shard of the parameters and broadcasts
+        # it: an all-gather of the parameters after the update
+        model={**DDP_BUCKETS, "gather_params": True}, on_gpu=NCCL, transport="gloo",
+        options=("bucket_mb", *TORCH_OPTIONS), compute="pytorch"),
     _framework_scheme(
         "cntk-style", "allreduce", "CNTK-style", "#D55E00",  # vermillion
         # CNTK's scheme on PyTorch compute: the whole gradient once backward has finished
@@ -278,7 +342,7 @@ class FrameworkFacts:
 
 
 FRAMEWORKS: dict[str, FrameworkFacts] = {f.name: f for f in (
-    FrameworkFacts("torch", "PyTorch DDP", ("ddp",), 4.0),
+    FrameworkFacts("torch", "PyTorch DDP", ("ddp", "ddp-fp16", "ddp-powersgd", "zero"), 4.0),
     FrameworkFacts("tf", "TensorFlow", ("collective", "ps", "ps-async", "mirrored"), 11.0,
                    servers_with_one_worker=False),
     FrameworkFacts("cntk", "CNTK", ("mpi",), 2.0),

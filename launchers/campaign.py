@@ -96,6 +96,7 @@ def campaign_from_args(args) -> planning.Campaign:
                                   "calibrate first without --runtime container")
     planning.set_cluster(campaign, args)
     planning.check_batch_fits(campaign)
+    planning.check_options(campaign)
     return campaign
 
 

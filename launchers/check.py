@@ -7,6 +7,14 @@ SGD step and dumps the weights. This process (the launcher's environment, no fra
 compares every pair of frameworks (analysis/equivalence.py: what is compared, and the measured
 tolerances). It exits 0 when every number is within the tolerance, 1 when one is above it (or a
 framework's run failed), 2 on bad input (one line on stderr).
+
+With ``--workers N`` (N >= 2) every scheme runs N ranks for ``--steps K`` steps on the same
+data from the same weights: each run's ranks must end with identical weights; the schemes
+that send their gradients exactly (the catalogue's ``lossy`` empty: DDP, ZeRO, CNTK-style ...)
+are compared pair by pair as above (rank 0's local gradients, the weights after K steps); a
+compressing scheme (``torch:ddp-fp16``, ``torch:ddp-powersgd``) is not held to a tolerance but
+reported with its cost to the loss: rank 0's loss on its first batch after K steps against the
+first exact scheme's.
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--model", required=True, help="model name (python -m models list)")
     parser.add_argument("--batch-size", type=int, default=2, help="batch size (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="ranks per scheme; 2 or more compares distributed schemes, compressing "
+                             "ones by their loss (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="SGD steps before the weights and the loss are compared (default: 1; "
+                             "20 with --workers 2 or more)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="relative L2 limit on gradients and updates (default: measured per "
                              "model, see analysis/equivalence.py)")
@@ -71,6 +85,16 @@ def validate(args):
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.seed < 0:
         raise UsageError("--seed cannot be negative")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.workers > 1:
+        single = [f"{info.name}:{mode}" for info, mode in frameworks
+                  if not info.scheme(mode).synchronous or info.scheme(mode).one_process]
+        if single:
+            raise UsageError(f"--workers {args.workers}: {single[0]} has no synchronous ranks to compare "
+                             f"(one process, or asynchronous)")
     if args.tolerance is not None and not args.tolerance > 0:
         raise UsageError("--tolerance must be positive")
     if args.timeout <= 0:
@@ -86,16 +110,49 @@ def run_framework(info, mode: str, args, out: Path, python: str,
 
     folder = out / f"{info.name}-{mode}"
     shutil.rmtree(folder, ignore_errors=True)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     config = RunConfig(run_id=folder.name, framework=info.name, mode=mode, model=args.model,
-                       batch_per_worker=args.batch_size, dropout=False, seed=args.seed,
-                       threads_per_worker=args.threads or os.cpu_count() or 1,
+                       batch_per_worker=args.batch_size, workers_per_node=args.workers, dropout=False,
+                       seed=args.seed, threads_per_worker=threads,
                        servers=1 if mode in info.server_modes else 0,
-                       rank_dir=str(folder), check={"steps": 1, "out_dir": str(folder)})
+                       rank_dir=str(folder), check={"steps": steps_of(args), "out_dir": str(folder)})
     outcome = run_local(config, python, folder, info.rendezvous, REPO_ROOT, args.timeout,
                         extra_env=extra_env)
     if outcome.status != "ok":
         raise RuntimeError(f"{info.name}:{mode} {outcome.status}: {outcome.error}")
     return folder
+
+
+def steps_of(args) -> int:
+    return args.steps or (DISTRIBUTED_STEPS if args.workers > 1 else 1)
+
+
+# steps a distributed check takes by default: enough for a compression's error to show in the loss
+DISTRIBUTED_STEPS = 20
+
+
+def compare_all(folders: dict, frameworks, args, initial: dict, tolerance: float) -> bool:
+    """Exact schemes pair by pair; with several ranks, every run's ranks equal and each
+    compressing scheme's cost to the loss against the first exact scheme."""
+    from analysis.equivalence import compare_pair, loss_cost, ranks_agree  # host env: NumPy
+
+    lossy = {f"{info.name}:{mode}" for info, mode in frameworks if info.scheme(mode).lossy}
+    exact = {name: folder for name, folder in folders.items() if name not in lossy}
+    ok = True
+    if args.workers > 1:
+        print(f"\n{args.workers} ranks, {steps_of(args)} steps")
+        for name, folder in folders.items():
+            ok &= ranks_agree(name, folder, args.workers)
+    for (name_a, a), (name_b, b) in itertools.combinations(exact.items(), 2):
+        ok &= compare_pair(name_a, a, name_b, b, initial, tolerance, args.verbose)
+    if lossy and exact:
+        reference, reference_folder = next(iter(exact.items()))
+        print(f"\ncompressing schemes (not held to the tolerance), seed {args.seed}:")
+        for name in sorted(lossy):
+            loss_cost(name, folders[name], reference, reference_folder, steps_of(args))
+    elif lossy:
+        print("\nno exact scheme to measure the compressing ones' loss against: add torch:ddp")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = overrides_or_exit(args.python)
     reexec_in_host_env("launchers.check", argv)
-    from analysis.equivalence import LOSS_TOLERANCE, compare_pair  # host env: NumPy
+    from analysis.equivalence import LOSS_TOLERANCE  # host env: NumPy
     from models import canonical_weights, get_model  # host env: NumPy
 
     try:
@@ -137,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"  ran {label}", flush=True)
         initial = canonical_weights(get_model(args.model), args.seed)
-        ok = True
-        for (name_a, a), (name_b, b) in itertools.combinations(folders.items(), 2):
-            ok &= compare_pair(name_a, a, name_b, b, initial, tolerance, args.verbose)
+        ok = compare_all(folders, frameworks, args, initial, tolerance)
         print(f"\n{'PASS' if ok else 'FAIL'}: {args.model} within {tolerance:.0e}" if ok else
               f"\nFAIL: {args.model} above tolerance {tolerance:.0e}")
         return 0 if ok else 1

@@ -391,6 +391,30 @@ def check_batch_fits(campaign: Campaign) -> None:
 SHARE_GPU_HINT = "--option share_gpu=true runs several ranks on one GPU, over gloo"
 
 
+def check_options(campaign: Campaign) -> None:
+    """Options whose value no run could use, rejected before anything starts: a bucket of no
+    bytes, a PowerSGD rank below 1 or above the smallest side of a weight matrix it factorises."""
+    options = campaign.options
+    if "bucket_mb" in options and not _positive(options["bucket_mb"]):
+        raise UsageError(f"--option bucket_mb must be a positive number of MB, got {options['bucket_mb']!r}")
+    if "powersgd_rank" not in options:
+        return
+    rank = options["powersgd_rank"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise UsageError(f"--option powersgd_rank must be a whole number of at least 1, got {rank!r}")
+    for model in campaign.models:
+        sides = {name: min(shape[0], math.prod(shape[1:])) for name, shape in
+                 get_model(model).parameter_shapes().items() if len(shape) > 1}
+        name, side = min(sides.items(), key=lambda item: item[1])
+        if rank > side:
+            raise UsageError(f"--option powersgd_rank={rank} is larger than {model}'s {name} allows "
+                             f"(its smallest side is {side})")
+
+
+def _positive(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
 def check_out_dir(out: Path) -> None:
     """Fail early and in one line if results could not be stored."""
     try:

@@ -107,7 +107,7 @@ def test_cli_bad_cluster_input_exits_2_with_one_line(tmp_path, capsys):
     bad = write(tmp_path, SMALL.replace("[device]", "[device]\ncolour = \"green\""))
     for argv, needle in (([str(bad)], "unknown key device.colour"),
                          ([str(tmp_path / "none.toml")], "cannot read cluster file"),
-                         ([str(EXAMPLE), "--frameworks", "torch:zero"], "unknown mode 'zero' for torch"),
+                         ([str(EXAMPLE), "--frameworks", "torch:fsdp9"], "unknown mode 'fsdp9' for torch"),
                          ([str(EXAMPLE), "--model", "vgg99"], "vgg99"),
                          ([str(write(tmp_path, SMALL.replace("batch_per_worker = 16\n", ""), "b.toml"))],
                           "--batch-size")):
@@ -277,7 +277,7 @@ def test_scheme_names_come_from_the_catalogue():
     assert whatif.scheme_names(["torch", "Horovod:gloo", "mgwfbp", "jax", "cntk"]) == [
         "torch:ddp", "horovod:gloo", "mgwfbp", "jax:allreduce", "cntk:mpi"]
     assert whatif.scheme_names(["all"]) == [*whatif.STUDY_SCHEMES, *whatif.CATALOGUE]
-    for bad, needle in (("torch:zero", "unknown mode 'zero'"), ("tf:ps-async", "asynchronous"),
+    for bad, needle in (("torch:fsdp9", "unknown mode 'fsdp9'"), ("tf:ps-async", "asynchronous"),
                         ("mxnet:local", "no term for it")):
         with pytest.raises(whatif.WhatIfError, match=needle):
             whatif.scheme_names([bad])

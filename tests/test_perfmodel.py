@@ -340,6 +340,26 @@ def test_predict_composes_the_equations():
     assert prediction.backward_comm == approx(9.0) and prediction.phases["comm"] == approx(6.0)
 
 
+def test_compression_shrinks_each_formed_message_and_zero_adds_an_unhidden_gather():
+    prof = profile([1.0, 2.0, 1.0], [3, 1, 2], io=0.1, forward=2.0, update=0.5)
+    per_byte = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))
+    bucket = dict(overlap=True, granularity="bucket", bucket_bytes=4, profile_granularity="whole")
+    # buckets form by the gradient's own bytes ([3+1], [2]), then each goes at half its bytes
+    half = pm.predict(prof, pm.Scheme(**bucket, wire_ratio=0.5), per_byte)
+    assert [t.nbytes for t in half.transfers] == [2.0, 1.0]
+    assert [t.members for t in half.transfers] == [t.members for t in pm.predict(prof, pm.Scheme(**bucket),
+                                                                                 per_byte).transfers]
+    assert half.phases["comm"] == approx(3.0)  # the separated profile's whole gradient, halved too
+    # ZeRO: after the update, half an all-reduce of all 6 bytes, never hidden
+    plain = pm.predict(prof, pm.Scheme(**bucket), per_byte)
+    zero = pm.predict(prof, pm.Scheme(**bucket, gather_params=True), per_byte)
+    assert zero.iter_time - plain.iter_time == approx(3.0)
+    assert zero.phases["update"] == approx(0.5 + 3.0) and zero.comm_exposed - plain.comm_exposed == approx(3.0)
+    for ratio in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            pm.Scheme(wire_ratio=ratio)
+
+
 def test_scheme_from_adapter_dict():
     scheme = pm.Scheme.from_dict({"label": "DDP buckets", "overlap": True, "granularity": "bucket",
                                   "bucket_bytes": 26214400.0, "first_bucket_bytes": 1048576,
