@@ -18,7 +18,6 @@ Every scheme comes from the scheme catalogue (`core.schemes`): the frameworks' s
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -51,9 +50,10 @@ class StudyScheme:
     transport: str
 
 
-def gpu_scheme(info: catalogue.SchemeInfo) -> StudyScheme:
-    """How `info` runs on a GPU cluster (`SchemeInfo.describe` on a GPU, default options)."""
-    described = info.describe(device="gpu")
+def gpu_scheme(info: catalogue.SchemeInfo, shapes: list | None = None) -> StudyScheme:
+    """How `info` runs on a GPU cluster (`SchemeInfo.describe` on a GPU, default options; a
+    compressing scheme's bytes on the wire from the model's parameter `shapes`)."""
+    described = info.describe(device="gpu", shapes=shapes)
     return StudyScheme(info.label, pm.Scheme.from_dict({**described, "name": info.label}),
                        described["transport"])
 
@@ -187,12 +187,10 @@ def cluster_candidates(spec: ClusterSpec, names: list[str], profile: pm.Profile,
             scheme = catalogue_scheme(name, algorithm, servers)
             label, transport = scheme.name, catalogue.SCHEMES[name].transport
         else:
-            study = STUDY_SCHEMES.get(name) or gpu_scheme(priced_scheme(name))
+            info = priced_scheme(name)
+            study = (gpu_scheme(info, list(get_model(model).parameter_shapes().values())) if info.wire and model
+                     else STUDY_SCHEMES.get(name) or gpu_scheme(info))
             scheme, label, transport = study.scheme, study.label, study.transport
-            wire = catalogue.SCHEMES[name].wire if name in catalogue.SCHEMES else ""
-            if wire and model:
-                shapes = list(get_model(model).parameter_shapes().values())
-                scheme = dataclasses.replace(scheme, wire_ratio=catalogue.wire_ratio(wire, shapes))
         out.append(Candidate(name, label, scheme, profile, source,
                              cluster_cost(spec, scheme, transport, servers), link, spec.contention, batch,
                              spec.node_effects(jitter)))

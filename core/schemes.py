@@ -29,6 +29,7 @@ rendezvous, image) is `adapters.registry`, which adds only that.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MIB = 2 ** 20
@@ -150,9 +151,7 @@ def powersgd_factors(shape, rank: int) -> tuple[int, int, int] | None:
     tensor viewed as shape[0] x the rest), or None where it sends the tensor as it is."""
     if len(shape) < 2:
         return None
-    rows, cols = int(shape[0]), 1
-    for side in shape[1:]:
-        cols *= int(side)
+    rows, cols = int(shape[0]), math.prod(int(side) for side in shape[1:])
     rank = min(int(rank), rows, cols)
     return (rows, cols, rank) if rows * cols > POWERSGD_MIN_COMPRESSION_RATE * (rows + cols) * rank else None
 
@@ -160,9 +159,7 @@ def powersgd_factors(shape, rank: int) -> tuple[int, int, int] | None:
 def wire_bytes(wire: str, shape, options: dict | None = None) -> int:
     """Bytes a float32 gradient of `shape` takes on the wire under encoding `wire`: float16
     halves it; PowerSGD sends P (rows x r) and Q (columns x r) in float32, or the tensor."""
-    count = 1
-    for side in shape:
-        count *= int(side)
+    count = math.prod(int(side) for side in shape)
     if wire == "fp16":
         return 2 * count
     if wire == "powersgd":
