@@ -10,10 +10,12 @@ backward goes on; `optimizer.step()` waits for the last handle, then updates. Ra
 parameters and optimizer state are broadcast (`broadcast_parameters`,
 `broadcast_optimizer_state`) after the canonical weights are loaded.
 
-Modes (the transport under the same scheme):
+Modes (the transport under the same scheme, as the scheme catalogue names it):
 - `gloo` (default): started by `horovodrun --gloo` (launchers/rendezvous/horovod.py); Gloo's
   rendezvous, controller and CPU all-reduce.
 - `mpi`: started by `mpirun`; MPI controller and MPI all-reduce (OpenMPI).
+- `gloo-fp16`: `gloo` with Horovod's fp16 compression (`hvd.Compression.fp16`): each gradient
+  cast to float16 before it joins a fusion buffer and cast back after the all-reduce.
 
 Options (RunConfig.options), set as Horovod's variables before `hvd.init()`:
 - `fusion_mb`: fusion threshold in MiB -> HOROVOD_FUSION_THRESHOLD (bytes); 0 disables fusion.
@@ -67,7 +69,8 @@ except ImportError as error:  # this environment lacks Horovod: the run says so 
 # Horovod 0.28.1's defaults, shown when no option is given (the catalogue's options).
 DEFAULT_FUSION_MB = float(catalogue.OPTIONS["fusion_mb"].default)
 DEFAULT_CYCLE_MS = float(catalogue.OPTIONS["cycle_ms"].default)
-MODES = ("gloo", "mpi")
+MODES = catalogue.FRAMEWORKS["horovod"].modes
+COMPRESSIONS = {"": "none", "fp16": "fp16"}  # the catalogue's wire encoding -> hvd.Compression's
 
 
 def horovod_variables(options: dict) -> dict[str, str]:
@@ -96,7 +99,7 @@ class HorovodTrainer(TorchTrainer):
         self.params = [p for p in self.network.parameters() if p.requires_grad]
         self.optimizer = hvd.DistributedOptimizer(
             self.optimizer, named_parameters=self.network.leaves.named_parameters(),
-            op=hvd.Average)
+            op=hvd.Average, compression=getattr(hvd.Compression, self.compression))
         # Horovod's zero_grad() takes no argument (it refuses while all-reduces are pending,
         # then calls torch's, whose default is set_to_none=True); TorchTrainer's code calls it
         # with torch's signature, so give the instance that signature.
@@ -114,12 +117,12 @@ class HorovodTrainer(TorchTrainer):
         """Set the fusion/cycle variables, join Horovod's job, check it is the one expected."""
         if self.device.type == "cuda" and not hvd.nccl_built():
             raise FrameworkUnavailable("this Horovod was built without GPU (NCCL) support")
-        built = hvd.gloo_built() if self.config.mode == "gloo" else hvd.mpi_built()
+        built = hvd.gloo_built() if self.transport == "gloo" else hvd.mpi_built()
         if not built:
-            raise FrameworkUnavailable(f"this Horovod was built without {self.config.mode}")
+            raise FrameworkUnavailable(f"this Horovod was built without {self.transport}")
         os.environ.update(horovod_variables(self.config.options))
         hvd.init()
-        enabled = hvd.gloo_enabled() if self.config.mode == "gloo" else hvd.mpi_enabled()
+        enabled = hvd.gloo_enabled() if self.transport == "gloo" else hvd.mpi_enabled()
         if not enabled:
             raise RuntimeError(f"horovod:{self.config.mode} asked, but Horovod started with "
                                f"{'gloo' if hvd.gloo_enabled() else 'mpi'}: wrong launcher?")
@@ -129,8 +132,18 @@ class HorovodTrainer(TorchTrainer):
         return network  # no wrapper: DistributedOptimizer's hooks do the communication
 
     @property
+    def transport(self) -> str:
+        """Horovod's controller and CPU operations: the catalogue's transport of the mode."""
+        return catalogue.scheme("horovod", self.config.mode).transport
+
+    @property
+    def compression(self) -> str:
+        """hvd.Compression's member for the mode's wire encoding (the catalogue's)."""
+        return COMPRESSIONS[catalogue.scheme("horovod", self.config.mode).wire]
+
+    @property
     def backend(self) -> str:
-        return f"horovod-{self.config.mode}"
+        return f"horovod-{self.transport}"
 
     @property
     def fusion_mb(self) -> float:
@@ -255,7 +268,7 @@ class HorovodTrainer(TorchTrainer):
                  "horovod_built": ",".join(name for name, built in (
                      ("gloo", hvd.gloo_built()), ("mpi", hvd.mpi_built()),
                      ("nccl", hvd.nccl_built())) if built)}
-        if self.config.mode == "mpi":
+        if self.transport == "mpi":
             try:
                 from mpi4py import MPI  # only where mpi4py happens to be installed
                 facts["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
@@ -266,6 +279,7 @@ class HorovodTrainer(TorchTrainer):
     def describe(self):
         return {**super().describe(), "backend": self.backend if self.dist.distributed else "none",
                 "ddp_bucket_mb": None, "fusion_mb": self.fusion_mb, "cycle_ms": self.cycle_ms,
+                "compression": None if self.compression == "none" else self.compression,
                 "scheme": "Horovod DistributedOptimizer: per-gradient hooks, tensor fusion, "
                           "ring all-reduce overlapped with backward"}
 
@@ -274,4 +288,4 @@ class HorovodTrainer(TorchTrainer):
             hvd.shutdown()
 
 
-TRAINERS = {"gloo": HorovodTrainer, "mpi": HorovodTrainer}
+TRAINERS = {mode: HorovodTrainer for mode in MODES}

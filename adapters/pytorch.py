@@ -10,7 +10,10 @@ The other modes change one thing of DDP each, through PyTorch's own API:
 - ``ddp-powersgd``: DDP's PowerSGD hook (each gradient matrix sent as a rank-r factorisation,
   with error feedback and warm start; ``--option powersgd_rank=R``);
 - ``zero``: DDP's all-reduce with the optimizer's state sharded (``ZeroRedundancyOptimizer``:
-  each rank updates its shard, then the updated parameters are broadcast from their owners).
+  each rank updates its shard, then the updated parameters are broadcast from their owners);
+- ``fsdp``: no DDP; FSDP2's ``fully_shard`` on every layer with parameters (full sharding:
+  each layer's parameters all-gathered before its forward and again before its backward, its
+  gradient reduce-scattered after).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from adapters.base import DistInfo, FrameworkUnavailable, MessageLog, PhaseTimer, RunConfig, Trainer
 from adapters.data import SyntheticBatches, decode_jpeg, list_jpeg_dataset
@@ -735,5 +740,177 @@ class ZeroTrainer(TorchTrainer):
         return {**super().describe(), "optimizer_sharding": "zero-1" if self.dist.distributed else None}
 
 
+# ----------------------------------------------------------------------------- sharded data parallel
+
+class FsdpTrainer(TorchTrainer):
+    """torch:fsdp: FSDP2 (`fully_shard`) on every leaf layer that has parameters, then on the
+    network (full sharding, FSDP2's defaults).  Each rank keeps 1/p of every parameter as a
+    DTensor; a layer's parameters are all-gathered before its forward and again before its
+    backward, and its gradient is reduce-scattered once backward has made it (FSDP2 overlaps
+    these with the neighbouring layers' compute its own way).
+
+    The separated profile runs FSDP2's explicit API instead: every layer all-gathered
+    (`unshard`), forward and backward with resharding and gradient sync off, then each layer's
+    gradient reduce-scattered as FSDP2 lays it out (`reduce_scatter_layer`): one all-gather and
+    one reduce-scatter per layer, the bytes of a per-layer all-reduce, the same step."""
+
+    @property
+    def bucket_mb(self) -> float | None:
+        return None  # FSDP2 sends one message per layer, not buckets
+
+    def _wrap_distributed(self, network):
+        if not self.dist.distributed:
+            return network
+        dist.init_process_group(self.backend, rank=self.dist.rank, world_size=self.dist.world_size)
+        self.units = [leaf for leaf in network.leaves.values() if any(True for _ in leaf.parameters())]
+        for unit in self.units:
+            fully_shard(unit)
+        return fully_shard(network)
+
+    def _all_units(self):
+        return [*self.units, self.model]
+
+    @contextlib.contextmanager
+    def _local_mode(self):
+        """Forward and backward on the unsharded parameters, sending nothing: no resharding
+        after forward or backward, no gradient sync.  On leaving, what no reduce-scatter took
+        is dropped and every layer resharded."""
+        units = self._all_units()
+        for unit in units:
+            self._set_local(unit, True)
+        try:
+            yield
+        finally:
+            for unit in self.units:
+                for param in unit.parameters():
+                    if not isinstance(param, DTensor):
+                        param.grad = None
+            for unit in units:
+                unit.reshard()
+                self._set_local(unit, False)
+
+    @staticmethod
+    def _set_local(unit, local: bool) -> None:
+        unit.set_reshard_after_forward(not local, recurse=False)
+        unit.set_reshard_after_backward(not local, recurse=False)
+        unit.set_requires_gradient_sync(not local, recurse=False)
+
+    def _unshard_all(self) -> None:
+        for unit in self._all_units():
+            unit.unshard()
+
+    @contextlib.contextmanager
+    def no_communication(self):
+        if not self.dist.distributed:
+            yield
+            return
+        self._unshard_all()
+        with self._local_mode():
+            yield
+
+    def profile_step(self, overlapped: bool):
+        if overlapped or not self.dist.distributed:
+            return super().profile_step(overlapped)
+        timer = PhaseTimer(self.sync)
+        batch = next(self.batches)
+        timer.lap("io")
+        images, labels = self._to_device(*batch)
+        timer.lap("h2d")
+        self.log.clear()
+        nbytes = sum(p.numel() * p.element_size() for p in self.network.parameters())
+        self.log.timed("all-gather", nbytes, self._unshard_all)
+        timer.lap("comm")
+        gathered = timer.laps.pop("comm")
+        with self._local_mode():
+            loss = self.loss_of(images, labels)
+            timer.lap("forward")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            timer.lap("backward")
+            self.log.timed("reduce-scatter", nbytes, self._reduce_scatter_all)
+        timer.lap("comm")
+        timer.laps["comm"] += gathered
+        self.optimizer.step()
+        timer.lap("update")
+        self._loss = loss.detach()
+        return timer.laps
+
+    def _reduce_scatter_all(self) -> None:
+        for unit in self.units:
+            reduce_scatter_layer(unit, self.dist.rank, self.dist.world_size)
+
+    def gradients(self, images, labels):
+        if not self.dist.distributed:
+            return super().gradients(images, labels)
+        x, y = self._to_device(torch.from_numpy(images), torch.from_numpy(labels))
+        with self.no_communication():
+            loss = F.cross_entropy(self.network(x), y)
+            loss.backward()
+            grads = {name: p.grad.detach().cpu().numpy().copy()
+                     for name, p in self.network.leaves.named_parameters()}
+        return float(loss), grads
+
+    def load_weights(self, weights):
+        """Each rank takes its shard of every parameter (no message: every rank holds the
+        canonical weights); buffers, which FSDP2 does not shard, are copied whole."""
+        if not self.dist.distributed:
+            return super().load_weights(weights)
+        state = self.network.leaves.state_dict()
+        if set(weights) != {name for name in state if not name.endswith("num_batches_tracked")}:
+            raise ValueError(f"weights do not fit the model: {sorted(set(weights) ^ set(state))[:5]}")
+        with torch.no_grad():
+            for name, value in weights.items():
+                full = torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
+                target = state[name]
+                if isinstance(target, DTensor):
+                    full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+                target.copy_(full)
+
+    def export_weights(self):
+        """The whole parameters, all-gathered (every rank calls this)."""
+        if not self.dist.distributed:
+            return super().export_weights()
+        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().numpy().copy()
+                for name, value in self.network.leaves.state_dict().items()
+                if not name.endswith("num_batches_tracked")}
+
+    def describe(self):
+        return {**super().describe(), "parameter_sharding": "fsdp2-full" if self.dist.distributed else None}
+
+
+def reduce_scatter_layer(unit, rank: int, world_size: int) -> None:
+    """Average the unsharded gradients of FSDP2 layer `unit` and keep this rank's shard of
+    each as its sharded parameter's gradient, in one reduce-scatter laid out as FSDP2 lays
+    out its own: each rank's dim-0 chunk of every gradient (padded to the largest chunk),
+    rank after rank.  Leaves `unit` resharded."""
+    grads = [p.grad for p in unit.parameters()]
+    chunks = [dim0_chunks(g, world_size) for g in grads]
+    sizes = [chunk[0].numel() for chunk in chunks]  # the first chunk is the largest
+    sent = grads[0].new_zeros(world_size, sum(sizes))
+    for j, chunk in enumerate(chunks):
+        offset = sum(sizes[:j])
+        for r, part in enumerate(chunk):
+            sent[r, offset:offset + part.numel()] = part.reshape(-1)
+    mine = grads[0].new_empty(sum(sizes))
+    dist.reduce_scatter_single(mine, sent.reshape(-1))
+    mine /= world_size
+    for p in unit.parameters():
+        p.grad = None
+    unit.reshard()
+    for j, (param, chunk) in enumerate(zip(unit.parameters(), chunks)):
+        offset, shard = sum(sizes[:j]), chunk[rank]
+        local = mine[offset:offset + shard.numel()].view_as(shard).clone()
+        param.grad = DTensor.from_local(local, param.device_mesh, param.placements,
+                                        shape=param.shape, stride=param.stride())
+
+
+def dim0_chunks(tensor, world_size: int) -> list:
+    """`world_size` chunks along dim 0 as FSDP2 shards a parameter (`torch.chunk`, empty
+    chunks for the ranks beyond the rows)."""
+    chunks = list(torch.chunk(tensor, world_size, dim=0))
+    empty = tensor.new_empty((0, *tensor.shape[1:]))
+    return chunks + [empty] * (world_size - len(chunks))
+
+
 TRAINERS = {"ddp": TorchTrainer, "ddp-fp16": Fp16DdpTrainer, "ddp-powersgd": PowerSgdDdpTrainer,
-            "zero": ZeroTrainer}
+            "zero": ZeroTrainer, "fsdp": FsdpTrainer}

@@ -95,11 +95,18 @@ def compare_pair(name_a, a: Path, name_b, b: Path, initial: dict, tolerance: flo
     return ok
 
 
+# Batch-norm statistics each rank keeps from its own batches (DDP sends rank 0's at each
+# forward, so the last step's update stays local; FSDP sends none): not a trained weight
+RANK_LOCAL_SUFFIXES = (".running_mean", ".running_var")
+
+
 def ranks_agree(name, folder: Path, ranks: int) -> bool:
     """Every rank of a synchronous run ends with the same weights (bit for bit): what any
-    scheme, compressing or not, must keep."""
+    scheme, compressing or not, must keep.  Batch-norm running statistics are each rank's
+    own (`RANK_LOCAL_SUFFIXES`) and not compared."""
     weights = [load_npz(folder / f"weights_rank{r}.npz") for r in range(ranks)]
-    differ = sorted(n for n in weights[0] for other in weights[1:] if not np.array_equal(weights[0][n], other[n]))
+    differ = sorted(n for n in weights[0] for other in weights[1:]
+                    if not n.endswith(RANK_LOCAL_SUFFIXES) and not np.array_equal(weights[0][n], other[n]))
     print(f"  {name}: the {ranks} ranks' weights " + (f"differ in {differ[:3]}  FAIL" if differ else "are identical  ok"))
     return not differ
 

@@ -645,7 +645,12 @@ class Scheme:
     gather_params: after the update, the parameters are exchanged among the ranks that own
       their shards (ZeRO stage 1's broadcasts from the owners): an all-gather of the whole
       model, priced as half the ring all-reduce of its bytes (`gather_time`), after
-      everything else and so never hidden.
+      everything else and so never hidden;
+    gather_forward: each layer's parameters are all-gathered before its forward (FSDP's full
+      sharding), with ``overlap`` the gathers back to back on the link while forward computes
+      the layers already gathered, without it each before its layer (`forward_gather_wait`).  Its backward (the layer all-gathered again,
+      then its gradient reduce-scattered) is priced as one all-reduce per layer, the same
+      bytes and steps, sent when the layer's gradient is ready: granularity ``layer``.
     """
 
     name: str = "allreduce"
@@ -661,6 +666,7 @@ class Scheme:
     topology: str = "flat"
     wire_ratio: float = 1.0
     gather_params: bool = False
+    gather_forward: bool = False
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -685,7 +691,8 @@ class Scheme:
             raise ValueError(f"wire_ratio must be in (0, 1], got {self.wire_ratio}")
 
     FIELDS = ("name", "overlap", "granularity", "bucket_bytes", "first_bucket_bytes", "merge",
-              "algorithm", "servers", "profile_granularity", "cycle_s", "topology", "wire_ratio", "gather_params")
+              "algorithm", "servers", "profile_granularity", "cycle_s", "topology", "wire_ratio", "gather_params",
+              "gather_forward")
 
     @classmethod
     def from_dict(cls, data: dict) -> "Scheme":
@@ -1144,11 +1151,39 @@ def predict(profile: Profile, scheme: Scheme, comm_time: Callable[[float], float
     comm_separate = sum(comm_time(m.nbytes) for m in scheme.messages(grads, comm_time, separate=True))
     gather = gather_time(comm_time, sum(g.nbytes for g in grads)) if scheme.gather_params else 0.0
     update = profile.update + gather  # the measured update phase holds the exchange too
-    rest = profile.h2d + profile.forward + end + update
+    forward_gathers, forward_wait = (forward_gather_wait(grads, comm_time, profile.forward, t_b, scheme.overlap)
+                                     if scheme.gather_forward else (0.0, 0.0))
+    rest = profile.h2d + profile.forward + forward_wait + end + update
     io = exposed_io(profile.io, rest, profile.prefetch)
     phases = {"io": io, "h2d": profile.h2d, "forward": profile.forward, "backward": t_b,
               "comm": comm_separate, "update": update}
-    return Prediction(io + rest, phases, end, comm_total + gather, end - t_b + gather, tuple(transfers))
+    return Prediction(io + rest, phases, end, comm_total + gather + forward_gathers,
+                      end - t_b + gather + forward_wait, tuple(transfers))
+
+
+def forward_gather_wait(grads: Sequence[Grad], comm_time: Callable[[float], float], t_f: float,
+                        t_b: float, overlap: bool = True) -> tuple[float, float]:
+    """(seconds of all-gathers, seconds forward waits for them) when each layer's parameters
+    are all-gathered before its forward, FSDP-style.  With `overlap` the gathers run back to
+    back from the start of forward (each prefetched while an earlier layer computes) and
+    layer i computes once its gather is done and layer i-1 has computed; forward's time is
+    split over the layers as backward's is (each layer's share of t_b, from the gradients'
+    ready times), for lack of a per-layer forward profile.  Without it each gather blocks
+    before its layer and forward waits for all of them."""
+    layers = group_by_layer(grads)  # backward order
+    if not overlap:
+        total = sum(gather_time(comm_time, m.nbytes) for m in layers)
+        return total, total
+    starts = [0.0] + [m.ready for m in layers[:-1]]
+    shares = [max(0.0, m.ready - start) / t_b if t_b > 0 else 1 / len(layers)
+              for m, start in zip(layers, starts)]
+    link = computed = total = 0.0
+    for message, share in zip(reversed(layers), reversed(shares)):  # forward order
+        gather = gather_time(comm_time, message.nbytes)
+        link += gather
+        total += gather
+        computed = max(computed, link) + share * t_f
+    return total, max(0.0, computed - t_f)
 
 
 def gather_time(comm_time: Callable[[float], float], nbytes: float) -> float:

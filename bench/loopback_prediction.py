@@ -34,7 +34,7 @@ from core.envs import EnvUnavailable, ensure_environment, reexec_in_host_env
 SYNCHRONOUS_SCHEMES = ["torch", "cntk-style", "caffe-mpi-style", "horovod:mpi", "horovod:gloo",
                        "tf:collective", "tf:ps", "mxnet:dist_sync"]
 MODELS = "alexnet-tiny,googlenet-tiny,resnet50-tiny"
-CAMPAIGN = ["--model", MODELS, "--workers", "2", "--iterations", "10", "--repeats", "7",
+CAMPAIGN = ["--workers", "2", "--iterations", "10", "--repeats", "7",
             "--warmup", "3", "--profile-iterations", "21", "--calibrate"]
 TARGET = 0.15
 
@@ -49,9 +49,10 @@ def schemes_to_hold() -> list[str]:
     return SYNCHRONOUS_SCHEMES + ["cntk"]
 
 
-def campaign_arguments(schemes: list[str]) -> list[str]:
-    """`compare`'s arguments for the loopback campaign of `schemes` (without --out)."""
-    return ["--frameworks", ",".join(schemes), *CAMPAIGN]
+def campaign_arguments(schemes: list[str], models: str = MODELS) -> list[str]:
+    """`compare`'s arguments for the loopback campaign of `schemes` over `models` (without
+    --out)."""
+    return ["--frameworks", ",".join(schemes), "--model", models, *CAMPAIGN]
 
 
 def prediction_table(out: Path):

@@ -215,6 +215,16 @@ FRAMEWORK_SCHEMES: tuple[SchemeInfo, ...] = (
         model={**DDP_BUCKETS, "gather_params": True}, on_gpu=NCCL, transport="gloo",
         options=("bucket_mb", *TORCH_OPTIONS), compute="pytorch"),
     _framework_scheme(
+        "torch", "fsdp", "PyTorch FSDP", "#3B5B92",  # slate blue
+        # FSDP2 full sharding: each layer all-gathered before its forward (`gather_forward`),
+        # then before its backward, its gradient reduce-scattered after: one all-reduce's
+        # bytes per layer in backward; the separated profile gathers and reduce-scatters each
+        # layer around a communication-free forward and backward.  FSDP2 overlaps through
+        # CUDA streams; on CPUs its collectives block (no overlap)
+        model={"overlap": False, "granularity": "layer", "profile_granularity": "layer", "algorithm": "ring",
+               "gather_forward": True},
+        on_gpu={**NCCL, "overlap": True}, transport="gloo", options=TORCH_OPTIONS, compute="pytorch"),
+    _framework_scheme(
         "cntk-style", "allreduce", "CNTK-style", "#D55E00",  # vermillion
         # CNTK's scheme on PyTorch compute: the whole gradient once backward has finished
         model=WHOLE_AFTER_BACKWARD, on_gpu=NCCL, transport="gloo", options=TORCH_OPTIONS, compute="pytorch"),
@@ -234,6 +244,11 @@ FRAMEWORK_SCHEMES: tuple[SchemeInfo, ...] = (
         "horovod", "mpi", "Horovod (MPI)", "#F4A582",  # salmon
         model=FUSED_CYCLES, on_gpu=NCCL, transport="mpi", options=("fusion_mb", "cycle_ms", *TORCH_OPTIONS),
         compute="pytorch"),
+    _framework_scheme(
+        "horovod", "gloo-fp16", "Horovod (gloo) fp16", "#D6604D",  # brick red
+        # horovod:gloo with hvd.Compression.fp16: each gradient cast to float16 before fusion
+        model=FUSED_CYCLES, on_gpu=NCCL, transport="gloo", options=("fusion_mb", "cycle_ms", *TORCH_OPTIONS),
+        compute="pytorch", wire="fp16", lossy="each gradient rounded to float16 for its all-reduce"),
     _framework_scheme(
         "tf", "collective", "TensorFlow (collective)", "#009E73",  # bluish green
         # MultiWorkerMirroredStrategy packs the gradients into one tensor (bytes_per_pack 0),
@@ -339,13 +354,13 @@ class FrameworkFacts:
 
 
 FRAMEWORKS: dict[str, FrameworkFacts] = {f.name: f for f in (
-    FrameworkFacts("torch", "PyTorch DDP", ("ddp", "ddp-fp16", "ddp-powersgd", "zero"), 4.0),
+    FrameworkFacts("torch", "PyTorch DDP", ("ddp", "ddp-fp16", "ddp-powersgd", "zero", "fsdp"), 4.0),
     FrameworkFacts("tf", "TensorFlow", ("collective", "ps", "ps-async", "mirrored"), 11.0,
                    servers_with_one_worker=False),
     FrameworkFacts("cntk", "CNTK", ("mpi",), 2.0),
     FrameworkFacts("cntk-style", "CNTK-style", ("allreduce",), 4.5),
     FrameworkFacts("caffe-mpi-style", "Caffe-MPI-style", ("mpi",), 5.0),
-    FrameworkFacts("horovod", "Horovod", ("gloo", "mpi"), 6.5),
+    FrameworkFacts("horovod", "Horovod", ("gloo", "mpi", "gloo-fp16"), 6.5),
     FrameworkFacts("mxnet", "MXNet", ("dist_sync", "dist_device_sync", "local", "device", "nccl"), 5.5),
     # JAX compiles its step first: googlenet-tiny's graph takes this much longer than alexnet-tiny's
     FrameworkFacts("jax", "JAX", ("allreduce",), 7.5, compile_s={"googlenet-tiny": 35.0}),

@@ -360,6 +360,25 @@ def test_compression_shrinks_each_formed_message_and_zero_adds_an_unhidden_gathe
             pm.Scheme(wire_ratio=ratio)
 
 
+def test_fsdp_gathers_each_layer_before_its_forward_hidden_behind_the_layers_before_it():
+    """FSDP: backward is the per-layer all-reduce (gather + reduce-scatter per layer); each
+    layer's forward waits for its own gather, the gathers back to back from forward's start."""
+    prof = profile([1.0, 2.0, 1.0], [3, 1, 2], io=0.1, forward=2.0, update=0.5)
+    per_byte = pm.comm_time_function("p2p", 2, pm.LinkCost(beta=1.0))
+    layerwise = dict(granularity="layer", profile_granularity="layer")
+    # forward order: layer 2 (gather 1.0, forward 0.25 x 2.0), layer 1 (0.5, 1.0), layer 0 (1.5, 0.5):
+    # computed at 1.0 + 0.5 = 1.5, max(1.5, 1.5) + 1.0 = 2.5, max(2.5, 3.0) + 0.5 = 3.5: 1.5 waited
+    assert pm.forward_gather_wait(prof.grads, per_byte, 2.0, 4.0) == (approx(3.0), approx(1.5))
+    wfbp = pm.predict(prof, pm.Scheme(overlap=True, **layerwise), per_byte)
+    fsdp = pm.predict(prof, pm.Scheme(overlap=True, gather_forward=True, **layerwise), per_byte)
+    assert fsdp.iter_time - wfbp.iter_time == approx(1.5)
+    assert fsdp.comm_total - wfbp.comm_total == approx(3.0) and fsdp.comm_exposed - wfbp.comm_exposed == approx(1.5)
+    assert fsdp.phases == wfbp.phases  # the separated profile: one gather and one reduce-scatter per layer
+    # blocking collectives (FSDP2 on CPUs): every gather before its layer, nothing hidden
+    blocking = pm.predict(prof, pm.Scheme(overlap=False, gather_forward=True, **layerwise), per_byte)
+    assert blocking.iter_time == approx(0.1 + 2.0 + 3.0 + 4.0 + 6.0 + 0.5)
+
+
 def test_scheme_from_adapter_dict():
     scheme = pm.Scheme.from_dict({"label": "DDP buckets", "overlap": True, "granularity": "bucket",
                                   "bucket_bytes": 26214400.0, "first_bucket_bytes": 1048576,

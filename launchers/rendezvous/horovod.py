@@ -10,6 +10,7 @@ MPI for its controller and all-reduce. DistInfo.from_env reads either.
 
 from __future__ import annotations
 
+from core import schemes as catalogue
 from launchers.rendezvous import ProcessSpec
 from launchers.rendezvous.mpi import MPIRUN_ENV, mpirun_command
 
@@ -30,10 +31,11 @@ def horovodrun_command(config, hosts) -> list[str]:
 
 def processes(config, hosts) -> list[ProcessSpec]:
     env = {"DLC_WORLD_SIZE": str(config.world_size)}
-    if config.mode == "gloo":
+    transport = catalogue.scheme("horovod", config.mode).transport
+    if transport == "gloo":
         launcher = horovodrun_command(config, hosts)
         env.update(HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
-    elif config.mode == "mpi":
+    elif transport == "mpi":
         launcher = mpirun_command(config.world_size, hosts[:config.nodes],
                                   config.workers_per_node)
         env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi", **MPIRUN_ENV)
