@@ -288,17 +288,19 @@ class TorchTrainer(Trainer):
                 dist.broadcast(tensor, src=0)
 
     def export_weights(self):
-        return {name: value.detach().cpu().numpy().copy()
+        """The whole weights (a sharded parameter all-gathered: every rank calls this)."""
+        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().numpy().copy()
                 for name, value in self.network.leaves.state_dict().items()
                 if not name.endswith("num_batches_tracked")}
 
     def gradients(self, images, labels):
         self.network.zero_grad(set_to_none=True)
         x, y = self._to_device(torch.from_numpy(images), torch.from_numpy(labels))
-        loss = F.cross_entropy(self.network(x), y)  # the unwrapped network: local gradients
-        loss.backward()
-        grads = {name: p.grad.detach().cpu().numpy().copy()
-                 for name, p in self.network.leaves.named_parameters()}
+        with self.no_communication():  # and the unwrapped network: local gradients
+            loss = F.cross_entropy(self.network(x), y)
+            loss.backward()
+            grads = {name: p.grad.detach().cpu().numpy().copy()
+                     for name, p in self.network.leaves.named_parameters()}
         self.network.zero_grad(set_to_none=True)
         return float(loss), grads
 
@@ -762,10 +764,8 @@ class FsdpTrainer(TorchTrainer):
         if not self.dist.distributed:
             return network
         dist.init_process_group(self.backend, rank=self.dist.rank, world_size=self.dist.world_size)
-        self.units = [leaf for leaf in network.leaves.values() if any(True for _ in leaf.parameters())]
-        for unit in self.units:
-            fully_shard(unit)
-        return fully_shard(network)
+        self.units, root = shard_fully(network)
+        return root
 
     def _all_units(self):
         return [*self.units, self.model]
@@ -781,12 +781,8 @@ class FsdpTrainer(TorchTrainer):
         try:
             yield
         finally:
-            for unit in self.units:
-                for param in unit.parameters():
-                    if not isinstance(param, DTensor):
-                        param.grad = None
             for unit in units:
-                unit.reshard()
+                reshard_dropping_local_grads(unit)
                 self._set_local(unit, False)
 
     @staticmethod
@@ -839,17 +835,6 @@ class FsdpTrainer(TorchTrainer):
         for unit in self.units:
             reduce_scatter_layer(unit, self.dist.rank, self.dist.world_size)
 
-    def gradients(self, images, labels):
-        if not self.dist.distributed:
-            return super().gradients(images, labels)
-        x, y = self._to_device(torch.from_numpy(images), torch.from_numpy(labels))
-        with self.no_communication():
-            loss = F.cross_entropy(self.network(x), y)
-            loss.backward()
-            grads = {name: p.grad.detach().cpu().numpy().copy()
-                     for name, p in self.network.leaves.named_parameters()}
-        return float(loss), grads
-
     def load_weights(self, weights):
         """Each rank takes its shard of every parameter (no message: every rank holds the
         canonical weights); buffers, which FSDP2 does not shard, are copied whole."""
@@ -865,14 +850,6 @@ class FsdpTrainer(TorchTrainer):
                 if isinstance(target, DTensor):
                     full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
                 target.copy_(full)
-
-    def export_weights(self):
-        """The whole parameters, all-gathered (every rank calls this)."""
-        if not self.dist.distributed:
-            return super().export_weights()
-        return {name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().numpy().copy()
-                for name, value in self.network.leaves.state_dict().items()
-                if not name.endswith("num_batches_tracked")}
 
     def describe(self):
         return {**super().describe(), "parameter_sharding": "fsdp2-full" if self.dist.distributed else None}
@@ -894,14 +871,30 @@ def reduce_scatter_layer(unit, rank: int, world_size: int) -> None:
     mine = grads[0].new_empty(sum(sizes))
     dist.reduce_scatter_single(mine, sent.reshape(-1))
     mine /= world_size
-    for p in unit.parameters():
-        p.grad = None
-    unit.reshard()
+    reshard_dropping_local_grads(unit)
     for j, (param, chunk) in enumerate(zip(unit.parameters(), chunks)):
         offset, shard = sum(sizes[:j]), chunk[rank]
         local = mine[offset:offset + shard.numel()].view_as(shard).clone()
         param.grad = DTensor.from_local(local, param.device_mesh, param.placements,
                                         shape=param.shape, stride=param.stride())
+
+
+def shard_fully(network) -> tuple[list, nn.Module]:
+    """FSDP2's `fully_shard` on every leaf layer of `network` that has parameters, then on the
+    network: (the sharded layers, the sharded network)."""
+    units = [leaf for leaf in network.leaves.values() if any(True for _ in leaf.parameters())]
+    for unit in units:
+        fully_shard(unit)
+    return units, fully_shard(network)
+
+
+def reshard_dropping_local_grads(unit) -> None:
+    """Reshard FSDP2 module `unit`, first dropping the gradients its unsharded parameters hold
+    (what a communication-free backward left and no reduce-scatter took)."""
+    for param in unit.parameters():
+        if not isinstance(param, DTensor):
+            param.grad = None
+    unit.reshard()
 
 
 def dim0_chunks(tensor, world_size: int) -> list:

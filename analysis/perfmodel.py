@@ -648,9 +648,10 @@ class Scheme:
       everything else and so never hidden;
     gather_forward: each layer's parameters are all-gathered before its forward (FSDP's full
       sharding), with ``overlap`` the gathers back to back on the link while forward computes
-      the layers already gathered, without it each before its layer (`forward_gather_wait`).  Its backward (the layer all-gathered again,
-      then its gradient reduce-scattered) is priced as one all-reduce per layer, the same
-      bytes and steps, sent when the layer's gradient is ready: granularity ``layer``.
+      the layers already gathered, without it each before its layer (`forward_gather_wait`).
+      Its backward (the layer all-gathered again, then its gradient reduce-scattered) is
+      priced as one all-reduce per layer, the same bytes and steps, sent when the layer's
+      gradient is ready: granularity ``layer``.
     """
 
     name: str = "allreduce"
@@ -1177,13 +1178,11 @@ def forward_gather_wait(grads: Sequence[Grad], comm_time: Callable[[float], floa
     starts = [0.0] + [m.ready for m in layers[:-1]]
     shares = [max(0.0, m.ready - start) / t_b if t_b > 0 else 1 / len(layers)
               for m, start in zip(layers, starts)]
-    link = computed = total = 0.0
+    link = computed = 0.0  # when the link and forward's compute are free again
     for message, share in zip(reversed(layers), reversed(shares)):  # forward order
-        gather = gather_time(comm_time, message.nbytes)
-        link += gather
-        total += gather
+        link += gather_time(comm_time, message.nbytes)
         computed = max(computed, link) + share * t_f
-    return total, max(0.0, computed - t_f)
+    return link, max(0.0, computed - t_f)
 
 
 def gather_time(comm_time: Callable[[float], float], nbytes: float) -> float:

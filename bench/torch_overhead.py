@@ -42,16 +42,13 @@ def plain_distributed(mode: str, network, lr: float = 0.01, momentum: float = 0.
     group: (model to call, optimizer)."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    from adapters.pytorch import shard_fully
     from core import schemes as catalogue
 
     if mode == "fsdp":
-        for leaf in network.leaves.values():
-            if any(True for _ in leaf.parameters()):
-                fully_shard(leaf)
-        model = fully_shard(network)
+        model = shard_fully(network)[1]
         return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     model = torch.nn.parallel.DistributedDataParallel(network)
     if mode == "ddp-fp16":
